@@ -1,0 +1,3 @@
+from swiftspec.cli import main
+
+main()

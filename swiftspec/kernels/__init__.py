@@ -1,0 +1,1 @@
+"""Triton kernels; each has a pure-torch reference, a parameterised test and a microbenchmark."""

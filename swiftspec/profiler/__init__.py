@@ -1,0 +1,1 @@
+"""What runs on the hardware to produce a Profile or an AcceptanceProfile."""

@@ -1,0 +1,1 @@
+"""The runtime: model code, weights, KV caches, draft trees, verification, engines."""

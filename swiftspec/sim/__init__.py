@@ -1,0 +1,1 @@
+"""The simulator: latency model, acceptance model, SimPy engine, tree DP, search."""

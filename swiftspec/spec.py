@@ -1,0 +1,728 @@
+"""The shared vocabulary of swiftspec (see DESIGN.md): one definition of each name.
+
+`ModelSpec`, `Split`, `Mode`, `TreePolicy`, `Plan`, `Profile` and `AcceptanceProfile` are used
+with the same meaning by the simulator, the runtime, the CLI flags, the JSON keys and the plots.
+Every class here round-trips through JSON (`to_dict` / `from_dict`) and validates itself; a
+validation failure raises `UserError`, which the CLI turns into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+class UserError(Exception):
+    """Bad input: the message is one line saying what is wrong and how to fix it."""
+
+
+# --------------------------------------------------------------------------------------------
+# ModelSpec
+
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+_REQUIRED_CONFIG_KEYS = (
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+)
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _configs_dir() -> Path:
+    return Path(str(resources.files("swiftspec") / "data" / "configs"))
+
+
+def bundled_models() -> list[str]:
+    """Names of the model configs shipped in `swiftspec/data/configs/` (no download needed)."""
+    return sorted(p.name for p in _configs_dir().iterdir() if (p / "config.json").exists())
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """A bundled model name (case-insensitive) or a checkpoint folder / config.json -> folder."""
+    p = Path(name_or_path)
+    if p.is_file() and p.name == "config.json":
+        return p.parent
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise UserError(f"{p} has no config.json: give a Hugging Face checkpoint folder")
+        return p
+    by_lower = {n.lower(): n for n in bundled_models()}
+    key = str(name_or_path).lower()
+    if key in by_lower:
+        return _configs_dir() / by_lower[key]
+    raise UserError(
+        f"unknown model {str(name_or_path)!r}: give a checkpoint folder or one of the bundled "
+        f"names: {', '.join(bundled_models())}"
+    )
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Per-rank shapes of a model under tensor parallelism of degree `tp`.
+
+    Head counts are zero-padded so that `tp` divides them (padded heads have zero weights and
+    contribute nothing); `ffn` and `vocab` are padded up to a multiple of `tp` the same way.
+    """
+
+    tp: int
+    q_heads: int  # query heads per rank
+    kv_heads: int  # KV heads per rank (a KV head is replicated when tp > num_kv_heads)
+    ffn: int  # intermediate size per rank
+    vocab: int  # LM-head rows per rank
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture numbers of one model, read from a Hugging Face `config.json`."""
+
+    name: str
+    architecture: str  # "llama" | "qwen2"
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    qkv_bias: bool
+    tie_embeddings: bool
+    dtype_bytes: int = 2
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position: int = 8192
+
+    @classmethod
+    def from_config(cls, name_or_path: str | Path, dtype_bytes: int | None = None) -> ModelSpec:
+        """Read a bundled name or a local checkpoint folder through `transformers.AutoConfig`."""
+        folder = resolve_model_path(name_or_path)
+        cfg_file = folder / "config.json"
+        try:
+            raw = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"{cfg_file} is not valid JSON ({e.msg}, line {e.lineno})") from None
+        missing = [k for k in _REQUIRED_CONFIG_KEYS if k not in raw]
+        if missing:
+            raise UserError(f"{cfg_file} lacks required fields: {', '.join(missing)}")
+        if raw["model_type"] not in SUPPORTED_MODEL_TYPES:
+            raise UserError(
+                f"{cfg_file}: architecture {raw['model_type']!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        heads = cfg.num_attention_heads
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        if dtype_bytes is None:
+            dt = raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"
+            dtype_bytes = _DTYPE_BYTES.get(str(dt).replace("torch.", ""), 2)
+        rope_scaling = getattr(cfg, "rope_scaling", None)
+        rope_theta = getattr(cfg, "rope_theta", None)
+        rope_params = getattr(cfg, "rope_parameters", None)  # transformers >= 5
+        if isinstance(rope_params, dict):
+            rope_theta = rope_params.get("rope_theta", rope_theta)
+            if rope_params.get("rope_type", "default") != "default":
+                rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type", "default") == "default":
+            rope_scaling = None
+        return cls(
+            name=folder.name,
+            architecture=raw["model_type"],
+            num_layers=cfg.num_hidden_layers,
+            hidden=cfg.hidden_size,
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            ffn=cfg.intermediate_size,
+            vocab=cfg.vocab_size,
+            qkv_bias=raw["model_type"] == "qwen2" or bool(raw.get("attention_bias", False)),
+            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            dtype_bytes=dtype_bytes,
+            rms_eps=float(cfg.rms_norm_eps),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rope_scaling=dict(rope_scaling) if rope_scaling else None,
+            max_position=int(getattr(cfg, "max_position_embeddings", 8192)),
+        )
+
+    def shard(self, tp: int) -> Shard:
+        """Per-rank head/ffn/vocab counts at TP degree `tp` (zero-padded where tp does not divide)."""
+        if tp < 1:
+            raise UserError(f"TP degree must be >= 1, got {tp}")
+        group = self.num_heads // self.num_kv_heads  # query heads per KV head
+        if self.num_kv_heads % tp == 0:
+            kv_local = self.num_kv_heads // tp
+            q_local = kv_local * group
+        elif tp % self.num_kv_heads == 0:
+            # each KV head replicated over tp/num_kv ranks, its query heads split (and padded)
+            kv_local = 1
+            q_local = math.ceil(group / (tp // self.num_kv_heads))
+        else:
+            # pad whole KV groups (KV head + its query heads) with zeros up to a multiple of tp
+            kv_local = math.ceil(self.num_kv_heads / tp)
+            q_local = kv_local * group
+        return Shard(
+            tp=tp,
+            q_heads=q_local,
+            kv_heads=kv_local,
+            ffn=math.ceil(self.ffn / tp),
+            vocab=math.ceil(self.vocab / tp),
+        )
+
+    def layer_weight_bytes(self, tp: int = 1) -> int:
+        """Bytes of one decoder layer's weights on one rank (qkv, o, gate/up, down, 2 norms)."""
+        s = self.shard(tp)
+        qkv = self.hidden * (s.q_heads + 2 * s.kv_heads) * self.head_dim
+        bias = (s.q_heads + 2 * s.kv_heads) * self.head_dim if self.qkv_bias else 0
+        o = s.q_heads * self.head_dim * self.hidden
+        mlp = 3 * self.hidden * s.ffn
+        return (qkv + bias + o + mlp + 2 * self.hidden) * self.dtype_bytes
+
+    def weight_bytes(self, tp: int = 1) -> int:
+        """Bytes of all weights held by one rank (embedding replicated, LM head vocab-sharded)."""
+        s = self.shard(tp)
+        embed = self.vocab * self.hidden * self.dtype_bytes
+        lm_head = 0 if (self.tie_embeddings and tp == 1) else s.vocab * self.hidden * self.dtype_bytes
+        return self.num_layers * self.layer_weight_bytes(tp) + embed + lm_head + self.hidden * self.dtype_bytes
+
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """KV-cache bytes one token occupies on one rank (all layers, K and V)."""
+        return 2 * self.num_layers * self.shard(tp).kv_heads * self.head_dim * self.dtype_bytes
+
+    def param_count(self) -> int:
+        """Parameters of the whole model (tied embeddings counted once)."""
+        return self.weight_bytes(1) // self.dtype_bytes
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Mode, Split, TreePolicy
+
+
+class Mode(str, enum.Enum):
+    """How draft and target share the work.
+
+    autoregressive: target only, one token per step.
+    chain:          draft proposes a sequence, target verifies it, on the same GPUs.
+    serial:         draft grows a token tree, then target verifies it, on the same GPUs.
+    async:          SwiftSpec: draft and target on disjoint GPU groups, overlapped.
+    """
+
+    autoregressive = "autoregressive"
+    chain = "chain"
+    serial = "serial"
+    async_ = "async"
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        try:
+            return cls(text)
+        except ValueError:
+            raise UserError(
+                f"unknown mode {text!r}: choose from {', '.join(m.value for m in cls)}"
+            ) from None
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ALL_MODES = tuple(Mode)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which GPUs (or CPU ranks) the draft group and the target group get.
+
+    TP degree of a group = its size. Co-located modes (chain, serial) give both groups the same
+    GPUs; `async` gives them disjoint GPUs; `autoregressive` has no draft group.
+    """
+
+    target_gpus: tuple[int, ...]
+    draft_gpus: tuple[int, ...] = ()
+
+    @property
+    def target_tp(self) -> int:
+        return len(self.target_gpus)
+
+    @property
+    def draft_tp(self) -> int:
+        return len(self.draft_gpus)
+
+    @property
+    def num_gpus(self) -> int:
+        return len(set(self.target_gpus) | set(self.draft_gpus))
+
+    @property
+    def colocated(self) -> bool:
+        return set(self.target_gpus) == set(self.draft_gpus)
+
+    @classmethod
+    def disaggregated(cls, draft_gpus: int, target_gpus: int) -> Split:
+        """Draft on GPUs 0..draft_gpus-1, target on the next target_gpus GPUs."""
+        return cls(
+            target_gpus=tuple(range(draft_gpus, draft_gpus + target_gpus)),
+            draft_gpus=tuple(range(draft_gpus)),
+        )
+
+    @classmethod
+    def shared(cls, gpus: int, with_draft: bool = True) -> Split:
+        """Both groups on GPUs 0..gpus-1 (or target only when `with_draft` is False)."""
+        ids = tuple(range(gpus))
+        return cls(target_gpus=ids, draft_gpus=ids if with_draft else ())
+
+    def validate(self, mode: Mode) -> None:
+        if not self.target_gpus:
+            raise UserError("the target group needs at least one GPU")
+        if len(set(self.target_gpus)) != len(self.target_gpus) or len(set(self.draft_gpus)) != len(
+            self.draft_gpus
+        ):
+            raise UserError(f"a GPU is listed twice in {self}")
+        if mode is Mode.autoregressive and self.draft_gpus:
+            raise UserError("autoregressive mode has no draft: give the draft no GPUs")
+        if mode in (Mode.chain, Mode.serial) and not self.colocated:
+            raise UserError(f"{mode} mode runs draft and target on the same GPUs")
+        if mode is Mode.async_:
+            if not self.draft_gpus:
+                raise UserError(
+                    "async mode needs at least 2 GPUs: the draft and the target run on disjoint "
+                    "GPU groups (use serial or chain on 1 GPU)"
+                )
+            if set(self.draft_gpus) & set(self.target_gpus):
+                raise UserError("async mode needs disjoint draft and target GPUs")
+
+    def to_dict(self) -> dict:
+        return {"target_gpus": list(self.target_gpus), "draft_gpus": list(self.draft_gpus)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Split:
+        return cls(tuple(int(g) for g in d["target_gpus"]), tuple(int(g) for g in d.get("draft_gpus", ())))
+
+
+@dataclass(frozen=True)
+class TreePolicy:
+    """How the draft tree grows and what the target verifies.
+
+    bs:        tree nodes sent to the target per verify, the root included (the root is the last
+               verified token, whose KV the target has not computed yet). Autoregressive: 1.
+    w:         leaves expanded per draft forward (w=1 with a chain).
+    d:         draft expansions per round (serial/chain: per iteration; async: while the target
+               verifies).
+    max_depth: deepest node below the root that may be grown (0 = no limit).
+    kind:      "dynamic" (max-likelihood growth, SwiftSpec) or "static" (a fixed topology, e.g.
+               from the Sequoia DP, filled with the draft's top-ranked children).
+    topology:  for kind="static": parent index of each node, node 0 is the root (parent -1),
+               parents precede children, children of a node listed in draft-rank order.
+    """
+
+    bs: int = 8
+    w: int = 8
+    d: int = 4
+    max_depth: int = 0
+    kind: str = "dynamic"
+    topology: tuple[int, ...] | None = None
+
+    @property
+    def key(self) -> str:
+        """Compact id used in tables and JSON keys, e.g. `bs8-w8-d4` or `static-bs16`."""
+        if self.kind == "static":
+            return f"static-bs{self.bs}"
+        return f"bs{self.bs}-w{self.w}-d{self.d}" + (f"-D{self.max_depth}" if self.max_depth else "")
+
+    @classmethod
+    def chain(cls, k: int) -> TreePolicy:
+        """Classic speculation: k drafted tokens in a sequence (k+1 nodes with the root)."""
+        return cls(bs=k + 1, w=1, d=k)
+
+    @classmethod
+    def autoregressive(cls) -> TreePolicy:
+        return cls(bs=1, w=1, d=0)
+
+    def validate(self, mode: Mode | None = None) -> None:
+        if self.bs < 1 or self.w < 1 or self.d < 0 or self.max_depth < 0:
+            raise UserError(f"tree policy {self.key}: bs, w >= 1 and d, max_depth >= 0 required")
+        if self.kind not in ("dynamic", "static"):
+            raise UserError(f"tree policy kind must be dynamic or static, got {self.kind!r}")
+        if self.kind == "static":
+            topo = self.topology
+            if topo is None or len(topo) != self.bs or topo[0] != -1:
+                raise UserError("a static tree policy needs a topology of bs parent indices, root first")
+            if any(not (0 <= p < i) for i, p in enumerate(topo) if i > 0):
+                raise UserError("static topology: every parent must precede its child")
+        if mode is Mode.autoregressive and self.bs != 1:
+            raise UserError("autoregressive mode verifies one token: bs must be 1")
+        if mode is Mode.chain and self.w != 1:
+            raise UserError("chain mode grows a sequence: w must be 1")
+        if mode in (Mode.serial, Mode.chain, Mode.async_) and self.bs < 2:
+            raise UserError(f"{mode} mode needs bs >= 2 (the root plus at least one drafted token)")
+        if mode in (Mode.serial, Mode.chain) and self.kind == "dynamic" and self.d < 1:
+            raise UserError(f"{mode} mode needs d >= 1 draft expansions")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["topology"] = list(self.topology) if self.topology is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TreePolicy:
+        topo = d.get("topology")
+        return cls(
+            bs=int(d["bs"]),
+            w=int(d["w"]),
+            d=int(d["d"]),
+            max_depth=int(d.get("max_depth", 0)),
+            kind=d.get("kind", "dynamic"),
+            topology=tuple(int(x) for x in topo) if topo is not None else None,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Provenance of inputs
+
+
+def file_sha256(path: str | Path) -> str:
+    """Content hash of a file, or of every file in a folder (sorted by name)."""
+    p = Path(path)
+    h = hashlib.sha256()
+    files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+    for q in files:
+        h.update(q.name.encode())
+        h.update(q.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """Where an input came from: path (or `builtin:<name>`), content hash, and its label.
+
+    `label` is what every output repeats, e.g. `derived`, `measured, H200, 2026-12-02` for a
+    profile, or `synthetic (qwen2-72b-table7)` / `measured` for an acceptance profile.
+    """
+
+    path: str
+    sha256: str
+    label: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SourceRef:
+        return cls(str(d["path"]), str(d["sha256"]), str(d["label"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Profile: measured (or derived) latency tables
+
+
+COMPUTE_COLUMNS = ("op", "model", "tp", "tokens", "kv_len", "ms")
+COMM_COLUMNS = ("collective", "group_size", "bytes", "ms")
+
+
+@dataclass
+class Profile:
+    """Latencies on one hardware type, as tidy tables (one folder: compute.csv, comm.csv, meta.json).
+
+    compute: columns op, model, tp, tokens, kv_len, ms (+ optional extra columns such as p10/p90).
+             `op` is one of the runtime's pieces: `layers` (whole decoder stack of one TP shard,
+             no communication), `lm_head`, `embed`, `tree_growth` (log-softmax + top-w over
+             `tokens` rows), `kv_compact`, `host` (host work of one iteration; model = mode name).
+             `model` is a ModelSpec name; `tokens` the tokens in the forward; `kv_len` the
+             cache length attended (0 where it does not matter). Times are medians in ms.
+    comm:    columns collective, group_size, bytes, ms; collective one of `all_reduce`,
+             `all_reduce_oneshot`, `send_recv`, `internode_send_recv`.
+    meta:    gpu, driver, torch, triton, date, command, device ("cuda"|"cpu"),
+             memory_bytes (per GPU), source ("measured"|"derived"), plus free-form notes.
+    """
+
+    compute: pd.DataFrame
+    comm: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """`derived` or `measured, <gpu>, <date>`: repeated in every output that uses it."""
+        src = self.meta.get("source", "measured")
+        if src == "measured":
+            return f"measured, {self.meta.get('gpu', '?')}, {str(self.meta.get('date', '?'))[:10]}"
+        return str(src)
+
+    def validate(self, where: str = "profile") -> None:
+        for name, df, cols in (("compute", self.compute, COMPUTE_COLUMNS), ("comm", self.comm, COMM_COLUMNS)):
+            missing = [c for c in cols if c not in df.columns]
+            if missing:
+                raise UserError(f"{where}: {name} table lacks columns {', '.join(missing)}")
+            if df["ms"].isna().any() or (df["ms"] < 0).any():
+                raise UserError(f"{where}: {name} table has missing or negative ms values")
+        if "source" not in self.meta:
+            raise UserError(f"{where}: meta.json lacks 'source' (measured or derived)")
+
+    def save(self, folder: str | Path) -> None:
+        """Write the three files; the folder appears complete or not at all."""
+        from swiftspec.files import atomic_dir
+
+        with atomic_dir(folder) as tmp:
+            self.compute.to_csv(tmp / "compute.csv", index=False)
+            self.comm.to_csv(tmp / "comm.csv", index=False)
+            (tmp / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str) + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Profile:
+        p = Path(folder)
+        if not p.is_dir():
+            raise UserError(f"profile {p} not found: give a folder holding compute.csv, comm.csv, meta.json")
+        try:
+            compute = pd.read_csv(p / "compute.csv")
+            comm = pd.read_csv(p / "comm.csv") if (p / "comm.csv").exists() else pd.DataFrame(columns=COMM_COLUMNS)
+            meta = json.loads((p / "meta.json").read_text())
+        except FileNotFoundError as e:
+            raise UserError(f"profile {p} lacks {Path(e.filename).name}") from None
+        except (ValueError, pd.errors.ParserError) as e:
+            raise UserError(f"profile {p} is malformed: {str(e).splitlines()[0]}") from None
+        prof = cls(compute=compute, comm=comm, meta=meta)
+        prof.validate(str(p))
+        return prof
+
+
+# --------------------------------------------------------------------------------------------
+# AcceptanceProfile: how often the target agrees with the draft
+
+
+@dataclass
+class AcceptanceProfile:
+    """Measured (or synthetic) acceptance behaviour of one draft/target pair.
+
+    traces:          one list per prompt, one entry per position along the *target's* greedy
+                     path: the 0-based rank of the target's token in the draft's distribution at
+                     that position, or -1 when it is not among the draft's `top_k` tokens.
+    trace_probs:     same layout: the draft's probability of the target's token there.
+    positional:      Sequoia's positional acceptance vector, p[k] = P(target token is the draft's
+                     (k+1)-th most likely token); sums to <= 1.
+    draft_prob_by_rank: mean draft probability of the draft's (k+1)-th most likely token, used to
+                     shape dynamic (max-likelihood) trees in the simulator.
+    accepted:        mean accepted length (tokens per verify, bonus token included) that the
+                     runtime measured, by TreePolicy key and mode, e.g. {"serial/bs8-w8-d4": 3.6}.
+    meta:            target, draft, prompts, source ("measured"|"synthetic"), name, date, command.
+    """
+
+    positional: list[float]
+    draft_prob_by_rank: list[float]
+    traces: list[list[int]] = field(default_factory=list)
+    trace_probs: list[list[float]] = field(default_factory=list)
+    top_k: int = 0
+    accepted: dict[str, float] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.meta.get("source") != "measured"
+
+    @property
+    def label(self) -> str:
+        """`measured` or `synthetic (<name>)`: repeated in every output that uses it."""
+        if self.synthetic:
+            return f"synthetic ({self.meta.get('name', 'unnamed')})"
+        return "measured"
+
+    def validate(self, where: str = "acceptance profile") -> None:
+        p = self.positional
+        if not p or any(not (0.0 <= x <= 1.0) for x in p) or sum(p) > 1.0 + 1e-6:
+            raise UserError(f"{where}: positional must be probabilities in [0, 1] summing to <= 1")
+        if not self.draft_prob_by_rank or any(not (0.0 <= x <= 1.0) for x in self.draft_prob_by_rank):
+            raise UserError(f"{where}: draft_prob_by_rank must be probabilities in [0, 1]")
+        if len(self.trace_probs) not in (0, len(self.traces)):
+            raise UserError(f"{where}: trace_probs must have one list per trace")
+        for t in self.traces:
+            if any((not isinstance(r, int)) or r < -1 for r in t):
+                raise UserError(f"{where}: traces hold ranks (integers >= -1)")
+        if "source" not in self.meta:
+            raise UserError(f"{where}: meta lacks 'source' (measured or synthetic)")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "acceptance profile") -> AcceptanceProfile:
+        try:
+            ap = cls(
+                positional=[float(x) for x in d["positional"]],
+                draft_prob_by_rank=[float(x) for x in d["draft_prob_by_rank"]],
+                traces=[[int(r) for r in t] for t in d.get("traces", [])],
+                trace_probs=[[float(x) for x in t] for t in d.get("trace_probs", [])],
+                top_k=int(d.get("top_k", 0)),
+                accepted={str(k): float(v) for k, v in d.get("accepted", {}).items()},
+                meta=dict(d.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{where} is malformed: {type(e).__name__} {e}") from None
+        ap.validate(where)
+        return ap
+
+    def save(self, path: str | Path) -> None:
+        from swiftspec.files import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict()) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> AcceptanceProfile:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"acceptance profile {p} not found")
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"acceptance profile {p} is not valid JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(d, dict):
+            raise UserError(f"acceptance profile {p} is malformed: expected a JSON object")
+        return cls.from_dict(d, where=f"acceptance profile {p}")
+
+
+# --------------------------------------------------------------------------------------------
+# Plan
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the simulator predicts for one configuration.
+
+    tokens_per_s_{mean,p50,p95}: over simulated requests (p95 = the slow tail, i.e. the 5th
+    percentile of per-request tokens/s). iteration_ms: mean wall time of one iteration.
+    breakdown_ms: mean time per iteration spent in each piece (draft, target, comm, host, ...).
+    """
+
+    tokens_per_s_mean: float
+    tokens_per_s_p50: float
+    tokens_per_s_p95: float
+    mean_accepted: float
+    iteration_ms: float
+    breakdown_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Prediction:
+        return cls(
+            tokens_per_s_mean=float(d["tokens_per_s_mean"]),
+            tokens_per_s_p50=float(d["tokens_per_s_p50"]),
+            tokens_per_s_p95=float(d["tokens_per_s_p95"]),
+            mean_accepted=float(d["mean_accepted"]),
+            iteration_ms=float(d["iteration_ms"]),
+            breakdown_ms={str(k): float(v) for k, v in d.get("breakdown_ms", {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A configuration to run and what it is predicted to do.
+
+    target / draft: bundled model names or checkpoint paths (draft None for autoregressive).
+    device: "cuda" or "cpu"; gpus_per_node: for plans across nodes.
+    """
+
+    target: str
+    draft: str | None
+    split: Split
+    mode: Mode
+    policy: TreePolicy
+    prediction: Prediction | None = None
+    profile: SourceRef | None = None
+    acceptance: SourceRef | None = None
+    device: str = "cuda"
+    gpus_per_node: int = 8
+    max_len: int = 4096
+    meta: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        self.split.validate(self.mode)
+        self.policy.validate(self.mode)
+        if self.mode is not Mode.autoregressive and not self.draft:
+            raise UserError(f"{self.mode} mode needs a draft model")
+        if self.device not in ("cuda", "cpu"):
+            raise UserError(f"device must be cuda or cpu, got {self.device!r}")
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target,
+            "draft": self.draft,
+            "split": self.split.to_dict(),
+            "mode": self.mode.value,
+            "policy": self.policy.to_dict(),
+            "prediction": self.prediction.to_dict() if self.prediction else None,
+            "profile": self.profile.to_dict() if self.profile else None,
+            "acceptance": self.acceptance.to_dict() if self.acceptance else None,
+            "device": self.device,
+            "gpus_per_node": self.gpus_per_node,
+            "max_len": self.max_len,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "plan") -> Plan:
+        try:
+            plan = cls(
+                target=str(d["target"]),
+                draft=d.get("draft"),
+                split=Split.from_dict(d["split"]),
+                mode=Mode.parse(d["mode"]),
+                policy=TreePolicy.from_dict(d["policy"]),
+                prediction=Prediction.from_dict(d["prediction"]) if d.get("prediction") else None,
+                profile=SourceRef.from_dict(d["profile"]) if d.get("profile") else None,
+                acceptance=SourceRef.from_dict(d["acceptance"]) if d.get("acceptance") else None,
+                device=d.get("device", "cuda"),
+                gpus_per_node=int(d.get("gpus_per_node", 8)),
+                max_len=int(d.get("max_len", 4096)),
+                meta=dict(d.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{where} is malformed: {type(e).__name__} {e}") from None
+        plan.validate()
+        return plan
+
+    def save(self, path: str | Path) -> None:
+        from swiftspec.files import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"plan {p} not found: make one with `swiftspec plan -o {p}`")
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"plan {p} is not valid JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(d, dict):
+            raise UserError(f"plan {p} is malformed: expected a JSON object")
+        return cls.from_dict(d, where=f"plan {p}")
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, enums, tuples and numpy scalars -> plain JSON types."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable(obj.to_dict() if hasattr(obj, "to_dict") else dataclasses.asdict(obj))
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return obj.item()
+    return obj
