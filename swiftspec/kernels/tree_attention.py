@@ -1,0 +1,415 @@
+"""Tree attention in Triton: GQA, split-KV (flash-decoding), bit-packed tree mask, graph-safe.
+
+Same contract as `swiftspec.runtime.attention.tree_attention_ref` (read its docstring): query i
+attends to every prefix slot [0, prefix_len) and to tree slot prefix_len + j iff tree_mask[i, j].
+
+Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2):
+
+* **Rows = queries × group.** One program owns one KV head and a tile of BLOCK_M rows, where row
+  r = t * group + g is query t of query head kv_head * group + g. All query heads that share a KV
+  head therefore read each K/V tile once (GQA), and a batch-1 decode step (T = 1, group 4–8)
+  still gives the tensor-core dot a usable M dimension (padded to 16).
+* **Split-KV.** At batch 1 there are only Hkv × ceil(T·group / BLOCK_M) row tiles (8 for a
+  Llama-3-8B decode step, 1 for a 70B TP-8 shard) for 132 SMs, so the key range is split over a
+  third grid axis of `num_splits` programs. The grid is fixed (CUDA-graph friendly); the split
+  size is computed *in the kernel* from the device-resident prefix_len, so the work is spread
+  evenly over the splits whatever the prefix is, and splits past the end do nothing. Each split
+  writes its partial (running max, sum, unnormalised accumulator) in float32; a second tiny kernel
+  merges them (log-sum-exp combine). With one split the first kernel writes the output itself.
+* **Mask.** `pack_tree_mask` bit-packs the (T, N) bool mask into (T, ceil(N/32)) int32 words on
+  the GPU in one launch (do it once per step and pass `packed_mask=` to every layer). Key blocks
+  that lie wholly inside the prefix take a loop with no mask at all; only the blocks that touch
+  the tree region (at most ceil(256/BLOCK_N) + 1 of them) read mask bits.
+* **Graph safety.** prefix_len is read from device memory inside the kernel (no .item(), no host
+  sync); every launch parameter depends only on shapes.
+* **Numerics.** Scores, softmax and accumulators in float32; exp2 with log2(e) folded into the
+  scale; float32 inputs use IEEE (not TF32) dots. A row that sees no key at all (prefix_len 0 and
+  an all-False mask row) gives NaN, exactly as the reference's softmax over all -inf does.
+
+Tile sizes: BLOCK_N = 64 keys for D = 128 (K and V tiles 16 KB each in bf16), 128 for D = 64,
+32 for float32 inputs (a correctness path: IEEE dots spill registers even so);
+BLOCK_M = 16..64 rows by the row count; num_warps 4 (8 at BLOCK_M 64, where 4 warps spill
+registers), num_stages 2. Heuristic, not autotuned:
+autotuning inside CUDA-graph capture is slow and picks per-shape configs the graph cannot change.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# H200 streaming multiprocessors; used when no GPU is present (interpreter) so CPU tests exercise
+# the same split heuristic the GPU would use.
+_DEFAULT_NUM_SMS = 132
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _pack_mask_kernel(
+    MASK, PACKED, N, W, stride_mt, stride_pt,
+    BLOCK_W: tl.constexpr,
+):
+    """Program (t, w-block): pack BLOCK_W words of 32 mask bits of row t."""
+    t = tl.program_id(0)
+    wb = tl.program_id(1)
+    words = wb * BLOCK_W + tl.arange(0, BLOCK_W)
+    bit = tl.arange(0, 32)
+    col = words[:, None] * 32 + bit[None, :]
+    m = tl.load(MASK + t * stride_mt + col, mask=col < N, other=0).to(tl.int32)
+    # Distinct bits: the int32 sum equals their bitwise OR (bit 31 wraps to the sign bit).
+    packed = tl.sum(m << bit[None, :], axis=1)
+    tl.store(PACKED + t * stride_pt + words, packed, mask=words < W)
+
+
+def pack_tree_mask(tree_mask: torch.Tensor) -> torch.Tensor:
+    """Bit-pack a (T, N) bool tree mask into (T, max(1, ceil(N / 32))) int32 words, on its device.
+
+    Bit j % 32 of word j // 32 in row i is tree_mask[i, j]. One launch, no host sync; reuse the
+    result for every layer of a step (`tree_attention(..., packed_mask=...)`).
+    """
+    if tree_mask.dim() != 2 or tree_mask.dtype != torch.bool:
+        raise ValueError(f"tree_mask must be a 2-d bool tensor, got {tuple(tree_mask.shape)} {tree_mask.dtype}")
+    t, n = tree_mask.shape
+    w = max(1, triton.cdiv(n, 32))
+    packed = torch.empty((t, w), dtype=torch.int32, device=tree_mask.device)
+    if t == 0:
+        return packed
+    m = tree_mask.contiguous().view(torch.uint8)
+    block_w = min(32, triton.next_power_of_2(w))
+    _pack_mask_kernel[(t, triton.cdiv(w, block_w))](m, packed, n, w, m.stride(0), packed.stride(0), BLOCK_W=block_w)
+    return packed
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """Square tree mask from a parent-index array, built on the array's device (no host loop per node).
+
+    parents: (N,) integer, parents[0] = -1 (root), parents[i] < i. Returns (N, N) bool with
+    mask[i, j] = True iff node j is node i or one of its ancestors. ceil(log2 N) boolean matrix
+    squarings of (I | parent edges): their count depends only on N, so this is graph-capturable.
+    """
+    n = parents.shape[0]
+    eye = torch.eye(n, dtype=torch.float32, device=parents.device)
+    if n == 0:
+        return eye.bool()
+    has_parent = parents >= 0
+    edge = torch.zeros((n, n), dtype=torch.float32, device=parents.device)
+    edge[torch.arange(n, device=parents.device), parents.clamp(min=0).long()] = has_parent.float()
+    reach = eye + edge  # paths of length <= 1
+    for _ in range(max(0, math.ceil(math.log2(n)))):
+        reach = (reach @ reach).clamp(max=1.0)  # paths of length <= 2**k
+    return reach > 0
+
+
+def pack_tree_mask_ref(tree_mask: torch.Tensor) -> torch.Tensor:
+    """Pure-torch reference of `pack_tree_mask` (several launches; for tests)."""
+    t, n = tree_mask.shape
+    w = max(1, math.ceil(n / 32))
+    padded = torch.zeros((t, w * 32), dtype=torch.int64, device=tree_mask.device)
+    padded[:, :n] = tree_mask.to(torch.int64)
+    shifts = torch.arange(32, device=tree_mask.device, dtype=torch.int64)
+    words = (padded.view(t, w, 32) << shifts).sum(-1)  # < 2**32, fits int64
+    words = torch.where(words >= 2**31, words - 2**32, words)  # reinterpret as two's complement
+    return words.to(torch.int32)
+
+
+@triton.jit
+def _tree_attn_kernel(
+    Q, K, V, PREFIX, MASKW, OUT, PART_ML, PART_ACC,
+    scale_log2, T, N, MAX_LEN, NUM_SPLITS,
+    stride_qt, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
+    stride_mt, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Program (row tile, kv head, split): attention of BLOCK_M rows over one split of the keys."""
+    pid_m = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    hkv = tl.num_programs(1)
+    rows_total = T * GROUP
+
+    pl = tl.minimum(tl.load(PREFIX).to(tl.int32), MAX_LEN)  # clamp: never read past the cache
+    n_keys = tl.minimum(pl + N, MAX_LEN)  # slots past prefix + N are masked in the reference
+    # Split size from the live key count: even work per split for any prefix_len (grid is fixed).
+    chunk = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.maximum(chunk, BLOCK_N)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, n_keys)
+    # Blocks [lo, end_full) lie wholly inside the prefix: no mask needed there.
+    end_full = tl.minimum(tl.maximum((pl // BLOCK_N) * BLOCK_N, lo), tl.maximum(hi, lo))
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < rows_total
+    t_of_row = offs_m // GROUP
+    head_of_row = kvh * GROUP + offs_m % GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q = tl.load(
+        Q + t_of_row[:, None] * stride_qt + head_of_row[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None], other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+    k_base = K + kvh * stride_kh + offs_d[:, None]  # K read transposed: (D, BLOCK_N)
+    v_base = V + kvh * stride_vh + offs_d[None, :]
+
+    # Finite initial max: a fully masked block then gives p = 0 and alpha = 1 instead of NaN.
+    m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+
+    # Prefix blocks: every row sees every key.
+    for start in range(lo, end_full, BLOCK_N):
+        cols = start + offs_n
+        k = tl.load(k_base + cols[None, :] * stride_kn)
+        if DOT_F32:
+            k = k.to(tl.float32)
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee")
+        else:
+            s = tl.dot(q, k)
+        s = s * scale_log2
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * stride_vn)
+        if DOT_F32:
+            v = v.to(tl.float32)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # Blocks touching the prefix end or the tree region: prefix keys unconditionally, tree keys by bit.
+    for start in range(end_full, hi, BLOCK_N):
+        cols = start + offs_n
+        col_ok = cols < hi
+        tidx = cols - pl
+        in_tree = (tidx >= 0) & (tidx < N)
+        words = tl.load(
+            MASKW + t_of_row[:, None] * stride_mt + (tidx >> 5)[None, :],
+            mask=row_ok[:, None] & in_tree[None, :], other=0,
+        )
+        bit = (words >> (tidx & 31)[None, :]) & 1
+        allowed = col_ok[None, :] & ((cols < pl)[None, :] | (bit != 0))
+        k = tl.load(k_base + cols[None, :] * stride_kn, mask=col_ok[None, :], other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee")
+        else:
+            s = tl.dot(q, k)
+        s = tl.where(allowed, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None], other=0.0)
+        if DOT_F32:
+            v = v.to(tl.float32)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if not SPLIT:
+        # 0/0 = NaN for a real row with no key, as in the reference; padding rows divide by 1.
+        out = acc / tl.where(row_ok, l_i, 1.0)[:, None]
+        tl.store(
+            OUT + t_of_row[:, None] * stride_ot + head_of_row[:, None] * stride_oh + offs_d[None, :],
+            out.to(OUT.dtype.element_ty), mask=row_ok[:, None],
+        )
+    else:
+        # The combine kernel never reads inactive splits (lo >= hi): skip their stores.
+        keep = row_ok & (offs_m * 0 + lo < hi)
+        part_row = (split * hkv + kvh) * rows_total + offs_m
+        tl.store(PART_ML + part_row * 2, m_i, mask=keep)
+        tl.store(PART_ML + part_row * 2 + 1, l_i, mask=keep)
+        tl.store(PART_ACC + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=keep[:, None])
+
+
+@triton.jit
+def _combine_kernel(
+    PREFIX, PART_ML, PART_ACC, OUT, T, N, MAX_LEN, NUM_SPLITS, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (row tile, kv head): log-sum-exp merge of the active splits' partials."""
+    pid_m = tl.program_id(0)
+    kvh = tl.program_id(1)
+    hkv = tl.num_programs(1)
+    rows_total = T * GROUP
+    pl = tl.minimum(tl.load(PREFIX).to(tl.int32), MAX_LEN)
+    n_keys = tl.minimum(pl + N, MAX_LEN)
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    n_active = tl.cdiv(n_keys, chunk)  # same split arithmetic as the attention kernel
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < rows_total
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_run = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+    l_run = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    for s in range(0, n_active):
+        part_row = (s * hkv + kvh) * rows_total + offs_m
+        m_s = tl.load(PART_ML + part_row * 2, mask=row_ok, other=-1.0e30)
+        l_s = tl.load(PART_ML + part_row * 2 + 1, mask=row_ok, other=0.0)
+        a_s = tl.load(PART_ACC + part_row[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        m_new = tl.maximum(m_run, m_s)
+        alpha = tl.exp2(m_run - m_new)
+        beta = tl.exp2(m_s - m_new)
+        l_run = l_run * alpha + l_s * beta
+        acc = acc * alpha[:, None] + a_s * beta[:, None]
+        m_run = m_new
+    out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
+    t_of_row = offs_m // GROUP
+    head_of_row = kvh * GROUP + offs_m % GROUP
+    tl.store(
+        OUT + t_of_row[:, None] * stride_ot + head_of_row[:, None] * stride_oh + offs_d[None, :],
+        out.to(OUT.dtype.element_ty), mask=row_ok[:, None],
+    )
+
+
+@dataclass(frozen=True)
+class TreeAttentionConfig:
+    """Launch shape of one tree-attention call (all derived from tensor shapes, never from data).
+
+    block_m: rows (query × group) per program; block_n: keys per iteration; num_splits: programs
+    along the key axis (1 = no combine kernel).
+    """
+
+    block_m: int
+    block_n: int
+    num_splits: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _DEFAULT_NUM_SMS
+
+
+def choose_config(
+    t: int, hq: int, hkv: int, d: int, max_len: int, elem_bytes: int, num_sms: int = _DEFAULT_NUM_SMS,
+    num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
+) -> TreeAttentionConfig:
+    """Heuristic launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
+
+    num_splits aims at about two programs per SM (row tiles × KV heads × splits ≈ 2·num_sms) while
+    keeping (a) at least one key block per split at max_len and (b) the float32 partials
+    (splits × rows × Hkv × D × 8 bytes written and read) within the K/V bytes of max_len.
+    """
+    rows = t * (hq // hkv)
+    bm = block_m or min(64, max(16, triton.next_power_of_2(rows)))
+    # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles).
+    bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 else 128)
+    if num_splits is None:
+        tiles = triton.cdiv(rows, bm) * hkv
+        by_sms = triton.cdiv(2 * num_sms, tiles)
+        by_keys = triton.cdiv(max_len, bn)
+        by_bytes = max(1, (max_len * elem_bytes) // max(rows, 1))
+        num_splits = max(1, min(by_sms, by_keys, by_bytes, _MAX_SPLITS))
+    # ptxas for sm_90 (triton 3.9): BLOCK_M 64 with 4 warps spills (255 regs + 272 B stack); with
+    # 8 warps it does not and uses wgmma (HGMMA). BLOCK_M <= 32 fits 4 warps (mma.sync, no spill).
+    num_warps = 8 if bm >= 64 else 4
+    return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps)
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_len: torch.Tensor | int,
+    tree_mask: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    packed_mask: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
+
+    Shapes:
+        q:           (T, Hq, D)        queries, last dim contiguous; T 1..256, D a power of two >= 16
+        k_cache:     (Hkv, max_len, D) keys of this layer, last dim contiguous; Hq % Hkv == 0
+        v_cache:     (Hkv, max_len, D)
+        prefix_len:  int or 0-d integer tensor on q's device (read in the kernel: graph-safe)
+        tree_mask:   (T, N) bool, N <= max_len - prefix_len
+        packed_mask: optional (T, ceil(N/32)) int32 from `pack_tree_mask(tree_mask)`; pass it to
+                     skip the packing launch (pack once per step, use for every layer)
+        num_splits / block_m / block_n: override the heuristic launch shape (benchmarks, tests)
+        out:         optional (T, Hq, D) output buffer, dtype of q, last dim contiguous (static
+                     buffers for CUDA graphs)
+    Returns:
+        (T, Hq, D), dtype of q (`out` when given); float32 softmax and accumulation.
+    Launches: pack (unless packed_mask), attention, and a combine kernel when num_splits > 1.
+    """
+    t, hq, d = q.shape
+    hkv, max_len, dk = k_cache.shape
+    n = tree_mask.shape[1]
+    if dk != d or v_cache.shape != k_cache.shape or hq % hkv != 0:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"head dim {d} must be a power of two >= 16")
+    if tree_mask.shape[0] != t:
+        raise ValueError(f"tree_mask has {tree_mask.shape[0]} rows for {t} queries")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("q, k_cache and v_cache need a contiguous last dimension")
+    device = q.device
+    if isinstance(prefix_len, torch.Tensor):
+        prefix = prefix_len.reshape(1)  # a view: the kernel reads the live value at replay time
+    else:
+        prefix = torch.full((1,), int(prefix_len), dtype=torch.int32, device=device)
+    if packed_mask is None:
+        packed_mask = pack_tree_mask(tree_mask)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
+    if t == 0:
+        return out
+    group = hq // hkv
+    cfg = choose_config(
+        t, hq, hkv, d, max_len, k_cache.element_size(), _num_sms(device), num_splits, block_m, block_n,
+    )
+    rows = t * group
+    m_tiles = triton.cdiv(rows, cfg.block_m)
+    ieee = q.dtype == torch.float32
+    # Triton's CPU interpreter (3.9) computes bf16 dots wrongly; there, upcast operands to float32.
+    dot_f32 = _interpreting() and q.dtype == torch.bfloat16
+    if cfg.num_splits > 1:
+        part_ml = torch.empty((cfg.num_splits, hkv, rows, 2), dtype=torch.float32, device=device)
+        part_acc = torch.empty((cfg.num_splits, hkv, rows, d), dtype=torch.float32, device=device)
+    else:
+        part_ml = part_acc = out  # unused by the kernel when NUM_SPLITS == 1
+    scale_log2 = float(scale) * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    _tree_attn_kernel[(m_tiles, hkv, cfg.num_splits)](
+        q, k_cache, v_cache, prefix, packed_mask, out, part_ml, part_acc,
+        scale_log2, t, n, max_len, cfg.num_splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        packed_mask.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        SPLIT=cfg.num_splits > 1, IEEE=ieee or dot_f32, DOT_F32=dot_f32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if cfg.num_splits > 1:
+        _combine_kernel[(m_tiles, hkv)](
+            prefix, part_ml, part_acc, out, t, n, max_len, cfg.num_splits, out.stride(0), out.stride(1),
+            GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=4,
+        )
+    return out

@@ -1,0 +1,237 @@
+"""Triton tree attention against the pure-torch contract (swiftspec.runtime.attention).
+
+Runs on CPU under TRITON_INTERPRET=1 (small shapes) and on a GPU when one is present (bigger
+shapes, CUDA-graph replay; marked gpu). Inputs are random, outputs are poisoned with NaN first.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+
+from swiftspec.kernels.tree_attention import (
+    ancestor_mask,
+    choose_config,
+    pack_tree_mask,
+    pack_tree_mask_ref,
+    tree_attention,
+)
+from swiftspec.runtime.attention import tree_attention_ref
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+if not HAS_CUDA and not INTERPRET:
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def random_parents(n: int, gen: torch.Generator) -> torch.Tensor:
+    """A random tree of n nodes: parents[0] = -1, parents[i] uniform in [0, i)."""
+    p = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    return torch.tensor(p, dtype=torch.long)
+
+
+def ancestor_mask_bruteforce(parents: torch.Tensor) -> torch.Tensor:
+    n = parents.shape[0]
+    m = torch.zeros((n, n), dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = int(parents[j])
+    return m
+
+
+def tree_case(kind: str, t: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    """A (t, n) mask: 'verify' (square ancestor mask), 'draft' (last t nodes over an n-node tree),
+    'causal' (chunked prefill), 'padded' (verify mask of t nodes padded with False to width n)."""
+    if kind == "verify":
+        return ancestor_mask_bruteforce(random_parents(n, gen))
+    if kind == "draft":
+        return ancestor_mask_bruteforce(random_parents(n, gen))[n - t:]
+    if kind == "causal":
+        return torch.ones((t, n), dtype=torch.bool).tril()
+    if kind == "padded":
+        m = torch.zeros((t, n), dtype=torch.bool)
+        m[:, :t] = ancestor_mask_bruteforce(random_parents(t, gen))
+        return m
+    raise ValueError(kind)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def run_case(t, hq, hkv, d, max_len, prefix, mask, dtype, num_splits, gen, prefix_as_tensor=True):
+    q = torch.randn((t, hq, d), generator=gen).to(dtype).to(DEVICE)
+    k = torch.randn((hkv, max_len, d), generator=gen).to(dtype).to(DEVICE)
+    v = torch.randn((hkv, max_len, d), generator=gen).to(dtype).to(DEVICE)
+    mask = mask.to(DEVICE)
+    pl = torch.tensor(prefix, device=DEVICE) if prefix_as_tensor else prefix
+    out = torch.full_like(q, float("nan"))
+    res = tree_attention(q, k, v, pl, mask, d**-0.5, num_splits=num_splits, out=out)
+    ref = tree_attention_ref(q, k, v, prefix, mask, d**-0.5)
+    assert res is out
+    assert not torch.isnan(out).any(), "some output element was not written"
+    assert rel_err(out, ref) < TOL[dtype], rel_err(out, ref)
+    return out, ref
+
+
+# (kind, T, N, Hq, Hkv, D, max_len, prefix, num_splits)
+CASES = [
+    ("verify", 1, 1, 4, 2, 64, 96, 70, 1),  # plain decode
+    ("verify", 1, 1, 8, 1, 64, 200, 150, None),  # decode, 8/1 heads, heuristic splits
+    ("verify", 9, 9, 4, 2, 64, 96, 0, 1),  # no prefix
+    ("verify", 9, 9, 4, 4, 32, 300, 257, 4),  # prefix crosses split and block boundaries
+    ("verify", 16, 16, 16, 2, 64, 256, 130, 3),  # group 8, 128 rows: two row tiles
+    ("draft", 4, 20, 4, 2, 64, 128, 65, 2),  # non-square: 4 leaves over a 20-node tree
+    ("draft", 3, 40, 2, 1, 128, 160, 100, None),  # D 128
+    ("causal", 12, 12, 2, 2, 64, 64, 0, 1),  # chunked prefill
+    ("padded", 5, 37, 6, 3, 64, 256, 40, 5),  # graph-style padded mask, garbage after the tree
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-T{c[1]}-N{c[2]}-{c[3]}/{c[4]}-D{c[5]}-p{c[7]}" for c in CASES])
+def test_tree_attention_matches_reference(case, dtype):
+    kind, t, n, hq, hkv, d, max_len, prefix, splits = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    run_case(t, hq, hkv, d, max_len, prefix, tree_case(kind, t, n, gen), dtype, splits, gen)
+
+
+def test_many_queries_and_int_prefix():
+    """T = 256 (the largest verify tree), MHA, prefix passed as a Python int."""
+    gen = torch.Generator().manual_seed(7)
+    run_case(256, 1, 1, 16, 320, 48, tree_case("verify", 256, 256, gen), torch.float32, 2, gen,
+             prefix_as_tensor=False)
+
+
+def test_splits_agree_and_noncontiguous_q():
+    """q as a strided view of a fused qkv buffer; 1, 2 and 7 splits give the same answer."""
+    gen = torch.Generator().manual_seed(3)
+    t, hq, hkv, d, max_len, prefix = 6, 4, 2, 64, 200, 150
+    qkv = torch.randn((t, hq + 2 * hkv, d), generator=gen).to(DEVICE)
+    q = qkv[:, :hq]
+    k = torch.randn((hkv, max_len, d), generator=gen).to(DEVICE)
+    v = torch.randn((hkv, max_len, d), generator=gen).to(DEVICE)
+    mask = tree_case("verify", t, t, gen).to(DEVICE)
+    ref = tree_attention_ref(q, k, v, prefix, mask, 0.125)
+    outs = [tree_attention(q, k, v, torch.tensor(prefix), mask, 0.125, num_splits=s) for s in (1, 2, 7)]
+    for o in outs:
+        assert rel_err(o, ref) < 1e-5
+
+
+def test_prefix_changes_between_calls_with_same_buffers():
+    """What a CUDA-graph replay does: same buffers, prefix_len tensor updated in place."""
+    gen = torch.Generator().manual_seed(11)
+    t, hq, hkv, d, max_len = 4, 4, 2, 64, 256
+    q = torch.randn((t, hq, d), generator=gen).to(DEVICE)
+    k = torch.randn((hkv, max_len, d), generator=gen).to(DEVICE)
+    v = torch.randn((hkv, max_len, d), generator=gen).to(DEVICE)
+    mask = tree_case("padded", t, 16, gen).to(DEVICE)
+    packed = pack_tree_mask(mask)
+    pl = torch.zeros((), dtype=torch.int32, device=DEVICE)
+    out = torch.empty_like(q)
+    for prefix in (3, 64, 200, 240):
+        pl.fill_(prefix)
+        out.fill_(float("nan"))
+        tree_attention(q, k, v, pl, mask, 0.125, num_splits=4, packed_mask=packed, out=out)
+        assert rel_err(out, tree_attention_ref(q, k, v, prefix, mask, 0.125)) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_row_without_keys_is_nan_like_reference():
+    """prefix 0 and an all-False mask row: softmax over nothing is NaN in the contract."""
+    gen = torch.Generator().manual_seed(5)
+    mask = tree_case("causal", 5, 5, gen)
+    mask[2] = False
+    q = torch.randn((5, 2, 32), generator=gen).to(DEVICE)
+    k = torch.randn((1, 64, 32), generator=gen).to(DEVICE)
+    v = torch.randn((1, 64, 32), generator=gen).to(DEVICE)
+    for splits in (1, 3):
+        out = tree_attention(q, k, v, 0, mask.to(DEVICE), 0.2, num_splits=splits)
+        ref = tree_attention_ref(q, k, v, 0, mask.to(DEVICE), 0.2)
+        assert torch.isnan(out[2]).all() and torch.isnan(ref[2]).all()
+        keep = torch.tensor([0, 1, 3, 4])
+        assert rel_err(out[keep], ref[keep]) < 1e-5
+
+
+@pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 70, 256])
+def test_pack_tree_mask_matches_reference(n):
+    gen = torch.Generator().manual_seed(n)
+    mask = (torch.rand((7, n), generator=gen) < 0.5).to(DEVICE)
+    packed = pack_tree_mask(mask)
+    assert torch.equal(packed, pack_tree_mask_ref(mask))
+    # Unpack and compare bit by bit: bit j%32 of word j//32.
+    j = torch.arange(n, device=DEVICE)
+    bits = (packed[:, j // 32] >> (j % 32)) & 1
+    assert torch.equal(bits.bool(), mask)
+
+
+@pytest.mark.parametrize("n", [1, 2, 9, 33])
+def test_ancestor_mask_matches_bruteforce(n):
+    parents = random_parents(n, torch.Generator().manual_seed(n))
+    assert torch.equal(ancestor_mask(parents).cpu(), ancestor_mask_bruteforce(parents))
+
+
+def test_choose_config_heuristic():
+    # 70B TP-8 shard decode (8/1 heads, 1 query): one row tile, so split the keys widely.
+    c = choose_config(1, 8, 1, 128, 16384, 2, 132)
+    assert c.block_m == 16 and c.num_splits == 64
+    # Llama-3-8B 64-token verify at kv 1024: 32 row tiles already; splits limited by partial bytes.
+    c = choose_config(64, 32, 8, 128, 1024, 2, 132)
+    assert c.block_m == 64 and 1 <= c.num_splits <= 9
+    assert choose_config(8, 8, 1, 128, 64, 2, 132).num_splits == 1  # one key block: no split
+
+
+# ------------------------------------------------------------------------------------- GPU only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "t,hq,hkv,d,max_len,prefix,kind",
+    [
+        (1, 32, 8, 128, 4096, 4000, "verify"),
+        (64, 32, 8, 128, 4096, 3000, "verify"),
+        (128, 8, 1, 128, 16384, 16000, "verify"),
+        (8, 16, 2, 64, 20000, 9999, "draft"),
+        (256, 32, 8, 128, 2048, 0, "causal"),
+        (37, 28, 4, 128, 3000, 1234, "padded"),
+    ],
+)
+def test_gpu_shapes(t, hq, hkv, d, max_len, prefix, kind, dtype):
+    gen = torch.Generator().manual_seed(t * 1000 + hq)
+    n = {"verify": t, "draft": 3 * t, "causal": t, "padded": t + 29}[kind]
+    run_case(t, hq, hkv, d, max_len, prefix, tree_case(kind, t, n, gen), dtype, None, gen)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_cuda_graph_replay_reads_prefix_from_device():
+    gen = torch.Generator().manual_seed(1)
+    t, hq, hkv, d, max_len = 16, 32, 8, 128, 8192
+    q = torch.randn((t, hq, d), generator=gen).bfloat16().cuda()
+    k = torch.randn((hkv, max_len, d), generator=gen).bfloat16().cuda()
+    v = torch.randn((hkv, max_len, d), generator=gen).bfloat16().cuda()
+    mask = tree_case("padded", t, 64, gen).cuda()
+    pl = torch.tensor(100, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    packed = pack_tree_mask(mask)
+    tree_attention(q, k, v, pl, mask, d**-0.5, packed_mask=packed, out=out)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tree_attention(q, k, v, pl, mask, d**-0.5, packed_mask=packed, out=out)
+    for prefix in (100, 5000, 8000, 0):
+        pl.fill_(prefix)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = tree_attention_ref(q, k, v, prefix, mask, d**-0.5)
+        assert not torch.isnan(out).any()
+        assert rel_err(out, ref) < 2e-2
