@@ -49,10 +49,267 @@ def main() -> None:
 
 # ---- plan / simulate (swiftspec.sim) ------------------------------------------------------
 
+_PLAN_COLUMNS = {
+    "rank": "#", "mode": "mode", "split": "draft/target", "policy": "tree", "tokens_per_s_mean": "tok/s",
+    "tokens_per_s_p50": "p50", "tokens_per_s_p95": "p95*", "mean_accepted": "accepted",
+    "iteration_ms": "iter ms", "speedup_vs_autoregressive": "x AR", "speedup_vs_serial": "x serial",
+}
+
+
+def _plan_table_text(table, top: int) -> str:
+    t = table.head(top).copy()
+    t["split"] = [f"{d}/{g}" if m == "async" else f"{g} shared" if m != "autoregressive" else f"-/{g}"
+                  for m, d, g in zip(t["mode"], t["draft_gpus"], t["target_gpus"])]
+    t = t[list(_PLAN_COLUMNS)].rename(columns=_PLAN_COLUMNS)
+    return t.to_string(index=False, float_format=lambda x: f"{x:.2f}")
+
+
+def _progress(as_json: bool):
+    if as_json or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return lambda it: tqdm(it, desc="simulating", unit="config", file=sys.stderr, leave=False)
+
+
+@cli.command()
+@click.option("--gpus", type=int, required=True, help="GPUs (or CPU ranks) to plan for.")
+@click.option("--target", default="Llama-3-70B", show_default=True, help="Bundled model name or checkpoint folder.")
+@click.option("--draft", default="Llama-3.2-3B", show_default=True, help="Bundled model name or checkpoint folder.")
+@click.option("--profile", "profile_dir", default=None, help="Profile folder [default: bundled H200 profile, derived].")
+@click.option("--acceptance", default=None, help="Acceptance profile JSON [default: bundled, synthetic].")
+@click.option("--modes", default=None, help="Comma-separated modes to consider [default: all four].")
+@click.option("--draft-gpus", type=int, default=None, help="Pin the async draft group's size.")
+@click.option("--bs", type=int, default=None, help="Pin tree nodes verified per step.")
+@click.option("--w", "w", type=int, default=None, help="Pin leaves expanded per draft forward.")
+@click.option("--d", "d", type=int, default=None, help="Pin draft expansions per round.")
+@click.option("--top", type=int, default=5, show_default=True, help="Rows of the ranked table to print.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ranked table as JSON (nothing else on stdout).")
+@click.option("-o", "--output", default=None, help="Write the winning plan here (nothing is written without -o).")
+@click.option("--gpus-per-node", type=int, default=None, help="GPUs per node when planning across nodes [default: --gpus].")
+@click.option("--device", default="cuda", show_default=True, help="cuda | cpu (cpu needs a CPU --profile).")
+@click.option("--prompt-len", type=int, default=256, show_default=True, help="Prompt tokens per simulated request.")
+@click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Tokens generated per request.")
+@click.option("--requests", type=int, default=8, show_default=True, help="Simulated requests per finalist.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic target paths.")
+def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w, d, top, as_json, output,
+         gpus_per_node, device, prompt_len, max_new_tokens, requests, seed) -> None:  # fmt: skip
+    """Pick split, mode and tree policy for GPUS by SimPy simulation; rank by predicted tokens/s.
+
+    Prints the profile and acceptance labels, the top configurations with speedups over the best
+    autoregressive and serial configurations on the same GPUs, and the winner's iteration
+    breakdown. p95* = the slow tail: 5th percentile of per-request tokens/s. Options that pin
+    parts of the configuration shrink the search; fully pinned, it is one prediction. The
+    winning plan is written only when -o is given.
+    """
+    import json
+
+    from swiftspec.sim.engine import Workload
+    from swiftspec.sim.search import SearchSpace, breakdown_table, load_inputs, search
+    from swiftspec.spec import Mode, to_jsonable
+
+    mode_list = tuple(Mode.parse(m.strip()) for m in modes.split(",") if m.strip()) if modes else tuple(Mode)
+    space = SearchSpace(gpus=gpus, modes=mode_list, draft_gpus=draft_gpus, bs=bs, w=w, d=d,
+                        gpus_per_node=gpus_per_node, device=device)
+    space.validate()
+    if min(prompt_len, max_new_tokens, requests) < 1:
+        raise UserError("--prompt-len, --max-new-tokens and --requests must be >= 1")
+    inputs = load_inputs(target, draft, profile_dir, acceptance, device)
+    wl = Workload(prompt_len=prompt_len, max_new_tokens=max_new_tokens, requests=requests, seed=seed)
+    res = search(inputs, space, wl, progress=_progress(as_json))
+    if output:
+        res.winner.save(output)
+    if as_json:
+        click.echo(json.dumps(to_jsonable({
+            "profile": inputs.profile_ref.label, "acceptance": inputs.acceptance_ref.label,
+            "considered": res.considered, "dropped_memory": res.dropped_memory,
+            "skipped_profile": res.skipped_profile, "baselines": res.baselines,
+            "rows": res.table.to_dict(orient="records"),
+        })))
+        return
+    win = res.winner
+    pred = win.prediction
+    click.echo(f"profile: {inputs.profile_ref.label} ({inputs.profile_ref.path})")
+    click.echo(f"acceptance: {inputs.acceptance_ref.label} ({inputs.acceptance_ref.path})")
+    click.echo(
+        f"{inputs.target.name} + {inputs.draft.name if inputs.draft else '-'} on {gpus} GPU(s) ({device}"
+        f"{f', {space.per_node} per node' if space.per_node < gpus else ''}): {res.considered} configurations "
+        f"simulated, {res.dropped_memory} dropped (do not fit memory), {len(res.skipped_profile)} skipped "
+        f"(profile lacks rows)"
+    )
+    click.echo(f"workload: {requests} requests x {max_new_tokens} new tokens after a {prompt_len}-token prompt "
+               f"(seed {seed}); p95* = 5th percentile of per-request tok/s (the slow tail)")
+    click.echo("")
+    click.echo(_plan_table_text(res.table, top))
+    click.echo("")
+    click.echo("speedups over: " + ", ".join(f"{m} = {lbl}" for m, lbl in res.baselines.items()))
+    split = (f"draft {win.split.draft_tp} / target {win.split.target_tp} GPUs" if win.mode is Mode.async_
+             else f"{win.split.target_tp} GPUs")
+    click.echo(f"winner: {win.mode.value}, {split}, {win.policy.key}: {pred.tokens_per_s_mean:.1f} tok/s "
+               f"(p50 {pred.tokens_per_s_p50:.1f}, p95* {pred.tokens_per_s_p95:.1f}), mean accepted "
+               f"{pred.mean_accepted:.2f}, {pred.iteration_ms:.2f} ms per iteration")
+    click.echo("winner's mean iteration" + (" (the draft runs while the target verifies):" if win.mode is Mode.async_ else ":"))
+    click.echo(breakdown_table(pred.breakdown_ms, win.mode).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    for line in res.skipped_profile[:3]:
+        click.echo(f"skipped {line}", err=True)
+    for line in res.extrapolations[:3]:
+        click.echo(f"warning: {line}", err=True)
+    if output:
+        click.echo(f"wrote {output}")
+
+
+def _ref_path(ref) -> str | None:
+    return None if ref is None or ref.path.startswith("builtin:") else ref.path
+
+
+@cli.command()
+@click.option("--plan", "plan_path", required=True, help="plan.json from `swiftspec plan -o`.")
+@click.option("--profile", "profile_dir", default=None, help="Profile folder [default: the plan's].")
+@click.option("--acceptance", default=None, help="Acceptance profile JSON [default: the plan's].")
+@click.option("--requests", type=int, default=None, help="Simulated requests [default: the plan's workload].")
+@click.option("--seed", type=int, default=None, help="Seed of the synthetic target paths [default: the plan's].")
+@click.option("--trace", default=None, help="Also write the timeline as Chrome trace JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prediction) on stdout.")
+def simulate(plan_path, profile_dir, acceptance, requests, seed, trace, as_json) -> None:
+    """Re-predict one plan with the simulator (same workload unless overridden)."""
+    import json
+    from dataclasses import replace
+
+    from swiftspec.files import atomic_write_text
+    from swiftspec.sim.engine import Workload, to_chrome_trace
+    from swiftspec.sim.search import breakdown_table, load_inputs, predict_plan
+    from swiftspec.spec import Plan, to_jsonable
+
+    p = Plan.load(plan_path)
+    inputs = load_inputs(p.target, p.draft, profile_dir or _ref_path(p.profile),
+                         acceptance or _ref_path(p.acceptance), p.device)
+    w = p.meta.get("workload", {})
+    wl = Workload(**{k: int(v) for k, v in w.items() if k in ("prompt_len", "max_new_tokens", "requests", "seed")})
+    wl = replace(wl, **{k: v for k, v in (("requests", requests), ("seed", seed)) if v is not None})
+    res = predict_plan(p, inputs, wl)
+    pred = res.summary.to_prediction()
+    if trace:
+        atomic_write_text(trace, json.dumps(to_chrome_trace(res.timeline)) + "\n")
+    if as_json:
+        click.echo(json.dumps(to_jsonable({
+            "profile": inputs.profile_ref.label, "acceptance": inputs.acceptance_ref.label,
+            "plan": p.to_dict(), "prediction": pred.to_dict(),
+        })))
+        return
+    click.echo(f"profile: {inputs.profile_ref.label} ({inputs.profile_ref.path})")
+    click.echo(f"acceptance: {inputs.acceptance_ref.label} ({inputs.acceptance_ref.path})")
+    for name, ref, now in (("profile", p.profile, inputs.profile_ref), ("acceptance", p.acceptance, inputs.acceptance_ref)):
+        if ref is not None and ref.sha256 != now.sha256:
+            click.echo(f"note: the {name} differs from the one the plan was made with ({ref.path})", err=True)
+    click.echo(f"plan: {p.mode.value}, draft {p.split.draft_tp} / target {p.split.target_tp} GPUs, {p.policy.key}")
+    click.echo(f"predicted: {pred.tokens_per_s_mean:.1f} tok/s (p50 {pred.tokens_per_s_p50:.1f}, p95* "
+               f"{pred.tokens_per_s_p95:.1f} = 5th percentile), mean accepted {pred.mean_accepted:.2f}, "
+               f"{pred.iteration_ms:.2f} ms per iteration ({wl.requests} requests)")
+    if p.prediction is not None:
+        click.echo(f"plan said: {p.prediction.tokens_per_s_mean:.1f} tok/s")
+    click.echo(breakdown_table(pred.breakdown_ms, p.mode).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if trace:
+        click.echo(f"wrote {trace}")
+
+
 # ---- generate (swiftspec.runtime) ----------------------------------------------------------
+
+
+def _int_list(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag} takes comma-separated integers, e.g. {flag} 1,2,3 (got {text!r})") from None
+
+
+@cli.command()
+@click.option("--target", required=True, help="Target checkpoint folder (or bundled name with --weights random).")
+@click.option("--draft", default=None, help="Draft checkpoint folder (chain / serial).")
+@click.option("--mode", default="autoregressive", show_default=True, help="autoregressive | chain | serial.")
+@click.option("--bs", type=int, default=None, help="Tree nodes verified per step, root included.")
+@click.option("--w", "w", type=int, default=None, help="Leaves expanded per draft forward.")
+@click.option("--d", "d", type=int, default=None, help="Draft expansions per round (chain: drafted tokens).")
+@click.option("--max-depth", type=int, default=0, show_default=True, help="Deepest node grown (0: no limit).")
+@click.option("--topology", default=None, help="Static tree: parent index per node, e.g. --topology=-1,0,0,1.")
+@click.option("--prompt", default=None, help="Prompt text (needs a tokenizer in the target folder).")
+@click.option("--prompt-ids", default=None, help="Prompt as token ids, e.g. 1,2,3.")
+@click.option("--max-new-tokens", type=int, default=32, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu | cuda.")
+@click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16.")
+@click.option("--weights", default="checkpoint", show_default=True, help="checkpoint | random.")
+@click.option("--eos/--no-eos", default=True, show_default=True, help="Stop at the config's EOS ids.")
+@click.option("--max-len", type=int, default=4096, show_default=True, help="Most KV-cache slots per model.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_ids, max_new_tokens, device,
+             dtype, weights, eos, max_len, seed, as_json) -> None:  # fmt: skip
+    """Decode one prompt on one process: autoregressive, chain or serial (tree) speculation."""
+    import json
+
+    from swiftspec.runtime.generate import generate_from_checkpoints, make_policy
+    from swiftspec.spec import Mode, to_jsonable
+
+    m = Mode.parse(mode)
+    policy = make_policy(m, bs, w, d, max_depth, _int_list(topology, "--topology"))
+    res = generate_from_checkpoints(
+        target, draft if m is not Mode.autoregressive else None, mode=m, policy=policy, prompt=prompt,
+        prompt_ids=_int_list(prompt_ids, "--prompt-ids"), max_new_tokens=max_new_tokens, device=device,
+        dtype=dtype, weights=weights, eos=eos, max_len=max_len, seed=seed,
+    )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(to_jsonable(res.to_dict())))
+        return
+    click.echo(f"mode: {res.mode}  policy: {res.policy}  device: {device}  dtype: {dtype}")
+    click.echo(f"weights: {res.weights}")
+    click.echo(f"tokens: {' '.join(map(str, res.tokens))}")
+    if res.text is not None:
+        click.echo(f"text: {res.text!r}")
+    click.echo(
+        f"{len(res.tokens)} tokens in {res.iterations} iterations: {res.tokens_per_s:.1f} tokens/s, "
+        f"mean accepted {res.mean_accepted:.2f}, stop: {res.stop}, prefill {res.prefill_ms:.1f} ms"
+    )
 
 # ---- profile (swiftspec.profiler) ----------------------------------------------------------
 
 # ---- run (swiftspec.runtime async engine) --------------------------------------------------
+
+
+@cli.command("run")
+@click.option("--plan", "plan_path", required=True, type=click.Path(), help="plan.json from `swiftspec plan`")
+@click.option("--prompts", default="builtin", show_default=True, help="builtin, or a JSONL/text file of prompts")
+@click.option("--num-prompts", default=8, show_default=True, type=int, help="prompts to run (first N)")
+@click.option("--max-new-tokens", default=64, show_default=True, type=int)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="default: the plan's")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="default: float32 on cpu, bfloat16 on cuda")
+@click.option("--weights", type=click.Choice(["checkpoint", "random"]), default="checkpoint", show_default=True)
+@click.option("--acceptance", type=click.Path(), default=None,
+              help="replay this AcceptanceProfile's rank traces (synthetic acceptance; default with random weights)")
+@click.option("--modes", default=None, help="comma list, default: the plan's mode,serial,autoregressive")
+@click.option("-o", "--output", "out_dir", type=click.Path(), default=None, help="write the run log folder here")
+@click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=float,
+              help="seconds a collective may wait / the run may make no progress before it is stopped")
+@click.option("--seed", default=0, show_default=True, type=int)
+def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, out_dir,
+            timeout_s, seed) -> None:
+    """Run a plan with the asynchronous runtime, plus baselines in the same launch; measured vs predicted."""
+    from swiftspec.runtime.launch import RunFailed, format_report, run_plan
+
+    try:
+        log = run_plan(plan_path, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                       device=device, dtype=dtype, weights=weights, acceptance=acceptance,
+                       modes=[m.strip() for m in modes.split(",") if m.strip()] if modes else None,
+                       timeout_s=timeout_s, seed=seed)
+    except RunFailed as e:
+        click.echo(f"error: run failed: {e}", err=True)
+        sys.exit(1)
+    if log is None:  # a torchrun rank other than 0
+        return
+    click.echo(format_report(log))
+    if out_dir:
+        log.write(out_dir)
+        click.echo(f"run log: {out_dir} (iterations.jsonl, prompts.jsonl, summary.json)")
 
 # ---- study / validate (studies/) -----------------------------------------------------------

@@ -1,0 +1,103 @@
+"""The planner: enumeration, memory fit, ranking, pinning (constant-latency profile, tiny models)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_sim_engine import DRF, TGT, C, const_profile, random_acceptance, step
+
+from swiftspec.sim.engine import Workload
+from swiftspec.sim.latency import ExtrapolationError
+from swiftspec.sim.memory import GIB, memory_use
+from swiftspec.sim.search import Inputs, Planner, SearchSpace, predict_plan, search
+from swiftspec.spec import AcceptanceProfile, Mode, ModelSpec, SourceRef, Split, TreePolicy, UserError
+
+WL = Workload(prompt_len=200, max_new_tokens=40, requests=2, seed=0)
+
+
+def inputs(memory_bytes: int = 10**12, profile=None) -> Inputs:
+    acc = random_acceptance().profile
+    return Inputs("tgt", "drf", TGT, DRF, profile or const_profile(memory_bytes=memory_bytes),
+                  SourceRef("mem:const", "0", "derived"), acc, SourceRef("mem:acc", "0", acc.label))
+
+
+def test_memory_use_adds_weights_kv_and_workspace():
+    t70 = ModelSpec.from_config("Llama-3-70B")
+    d3 = ModelSpec.from_config("Llama-3.2-3B")
+    u = memory_use(t70, None, Split.shared(1, with_draft=False), Mode.autoregressive, TreePolicy.autoregressive(),
+                   4096, 141_000_000_000)
+    assert u.weights == t70.weight_bytes(1) and u.kv == t70.kv_bytes_per_token(1) * 4097
+    assert not u.fits  # 141.1 GB of bf16 weights alone exceed one 141 GB H200
+    u2 = memory_use(t70, d3, Split.shared(2), Mode.serial, TreePolicy(8, 8, 2), 4096, 141_000_000_000)
+    assert u2.weights == t70.weight_bytes(2) + d3.weight_bytes(2) and u2.fits
+    ua = memory_use(t70, d3, Split.disaggregated(1, 2), Mode.async_, TreePolicy(8, 8, 4), 4096, 141_000_000_000)
+    assert ua.weights == t70.weight_bytes(2)  # the fuller GPU is the target's
+    assert ua.workspace >= 2 * GIB
+
+
+def test_candidates_cover_splits_and_d_rule():
+    space = SearchSpace(gpus=4, modes=(Mode.async_,), bs=8, w=4)
+    pl = Planner(inputs(), space, WL)
+    cands, dropped = pl.candidates()
+    assert dropped == 0
+    assert sorted({(c.split.draft_tp, c.split.target_tp) for c in cands}) == [(1, 3), (2, 2), (3, 1)]
+    for c in cands:
+        tv = step("tgt", c.split.target_tp)
+        te = step("drf", c.split.draft_tp) + C["tree_growth"]["drf"]
+        r = max(1, math.floor(tv / te))
+        assert {x.policy.d for x in cands if x.split == c.split} == {r, r + 1}
+
+
+def test_search_ranks_and_baselines():
+    res = search(inputs(), SearchSpace(gpus=3, static_trees=True), WL, refine=4)
+    t = res.table
+    full = t[t["fidelity"] == "full"]
+    assert list(full["tokens_per_s_mean"]) == sorted(full["tokens_per_s_mean"], reverse=True)
+    assert set(t["mode"]) == {"autoregressive", "chain", "serial", "async"}
+    assert (t["mode"] == "serial").sum() > 8 and any(k.startswith("static") for k in t["policy"])
+    ar = full[full["mode"] == "autoregressive"].iloc[0]
+    assert ar["tokens_per_s_mean"] == pytest.approx(1000 / (step("tgt", 3) + C["host"]["autoregressive"]))
+    assert ar["speedup_vs_autoregressive"] == pytest.approx(1.0)
+    best_serial = full[full["mode"] == "serial"]["tokens_per_s_mean"].max()
+    assert t.iloc[0]["speedup_vs_serial"] == pytest.approx(t.iloc[0]["tokens_per_s_mean"] / best_serial)
+    assert res.winner.prediction.tokens_per_s_mean == t.iloc[0]["tokens_per_s_mean"]
+    # the plan re-predicts to the same number
+    again = predict_plan(res.winner, inputs(), WL)
+    assert again.summary.tokens_per_s_mean == pytest.approx(res.winner.prediction.tokens_per_s_mean)
+
+
+def test_fully_pinned_is_one_prediction_and_memory_drops():
+    res = search(inputs(), SearchSpace(gpus=4, modes=(Mode.async_,), draft_gpus=1, bs=8, w=4, d=3), WL)
+    assert len(res.table) == 1 and res.considered == 1
+    assert res.winner.split == Split.disaggregated(1, 3) and res.winner.policy == TreePolicy(8, 4, 3)
+    # memory just above the target's weights + KV at TP 1: nothing fits on 1 GPU ... with a real model
+    t70 = ModelSpec.from_config("Llama-3-70B")
+    inp = inputs()
+    inp.target, inp.draft = t70, ModelSpec.from_config("Llama-3.2-3B")
+    pl = Planner(inp, SearchSpace(gpus=1, modes=(Mode.autoregressive,)), WL)
+    pl.lat.memory_bytes = 141_000_000_000
+    assert pl.candidates() == ([], 1)
+    assert pl.smallest_gpus_that_fit() == 2
+
+
+def test_missing_profile_rows_are_named():
+    prof = const_profile()
+    prof.compute = prof.compute[~((prof.compute["model"] == "drf") & (prof.compute["tp"] == 2))]
+    with pytest.raises(ExtrapolationError, match="drf at tp 2"):
+        search(inputs(profile=prof), SearchSpace(gpus=2, modes=(Mode.serial,), bs=4, w=2), WL)
+    # in a wider search the configurations the profile cannot time are skipped, the rest ranked
+    res = search(inputs(profile=prof), SearchSpace(gpus=2, bs=4, w=2), WL)
+    assert set(res.table["mode"]) == {"autoregressive", "async"} and res.skipped_profile
+
+
+def test_bad_space():
+    with pytest.raises(UserError, match="at least 2 GPUs"):
+        SearchSpace(gpus=1, modes=(Mode.async_,)).validate()
+    with pytest.raises(UserError, match="--draft-gpus"):
+        SearchSpace(gpus=4, draft_gpus=4).validate()
+    bad = AcceptanceProfile(positional=[0.5], draft_prob_by_rank=[0.5, 0.3], meta={"source": "synthetic"})
+    inp = inputs()
+    inp.acceptance = bad
+    with pytest.raises(UserError, match="w=4"):
+        search(inp, SearchSpace(gpus=2, modes=(Mode.serial,), bs=8, w=4), WL)
