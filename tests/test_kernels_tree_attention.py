@@ -120,7 +120,7 @@ def test_splits_agree_and_noncontiguous_q():
     v = torch.randn((hkv, max_len, d), generator=gen).to(DEVICE)
     mask = tree_case("verify", t, t, gen).to(DEVICE)
     ref = tree_attention_ref(q, k, v, prefix, mask, 0.125)
-    outs = [tree_attention(q, k, v, torch.tensor(prefix), mask, 0.125, num_splits=s) for s in (1, 2, 7)]
+    outs = [tree_attention(q, k, v, torch.tensor(prefix, device=DEVICE), mask, 0.125, num_splits=s) for s in (1, 2, 7)]
     for o in outs:
         assert rel_err(o, ref) < 1e-5
 
