@@ -273,6 +273,144 @@ def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_
 
 # ---- profile (swiftspec.profiler) ----------------------------------------------------------
 
+
+@cli.group("profile")
+def profile_group() -> None:
+    """Measure latencies (compute, comm) and a real pair's acceptance; check a profile.
+
+    \b
+      swiftspec profile compute --models Llama-3-8B -o DIR    time the runtime's pieces (one device)
+      swiftspec profile comm -o DIR                           collectives (needs >= 2 GPUs; gloo on CPU)
+      swiftspec profile acceptance --target T --draft D       rank traces + accepted lengths
+      swiftspec profile check DIR                             hold-out error of the latency model
+    """
+
+
+@profile_group.command("compute")
+@click.option("--models", required=True, help="Comma-separated bundled names or checkpoint folders (random weights).")
+@click.option("--tp", default=None, help="TP shard degrees [default: cuda 1,2,4,6,8; cpu 1].")
+@click.option("--tokens", default=None, help="Tokens per forward [default: cuda 1,2,4,...,256].")
+@click.option("--kv", default=None, help="Cached tokens attended [default: cuda 512,2048,8192].")
+@click.option("--compact", default=None, help="KV slots moved by kv_compact [default: --tokens + 512,1024 on cuda, + 512 on cpu].")
+@click.option("-o", "--output", default="profile", show_default=True, help="Profile folder (resumable).")
+@click.option("--device", default=None, help="cuda | cpu [default: cuda when available].")
+@click.option("--dtype", default=None, help="bfloat16 | float16 | float32 [default: bfloat16 on cuda, float32 on cpu].")
+@click.option("--quick", is_flag=True, help="Smaller grid and fewer repeats (a smoke test).")
+@click.option("--host/--no-host", default=True, show_default=True, help="Also measure host work per iteration.")
+@click.option("--alias/--no-alias", default=True, show_default=True,
+              help="Copy rows to models whose shapes equal an earlier model's instead of re-timing.")
+@click.option("--attention", default="torch", show_default=True, help="torch (SDPA, the runtime's default) | triton.")
+@click.option("--time-budget", type=float, default=None, help="Seconds; then stop and write what was measured.")
+def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
+                        time_budget) -> None:  # fmt: skip
+    """Time forward/layers, embed, LM head, tree growth, KV compaction and host work per iteration."""
+    import torch
+
+    from swiftspec.profiler.compute import ComputeGrid, TimingConfig, profile_compute
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dflt = ComputeGrid.default(device, quick)
+    tok = tuple(_int_list(tokens, "--tokens") or dflt.tokens)
+    grid = ComputeGrid(
+        tps=tuple(_int_list(tp, "--tp") or dflt.tps), tokens=tok, kv=tuple(_int_list(kv, "--kv") or dflt.kv),
+        compact=tuple(_int_list(compact, "--compact") or (dflt.compact if tokens is None else tok)),
+    )  # fmt: skip
+    res = profile_compute(
+        [m.strip() for m in models.split(",") if m.strip()], output, device=device, grid=grid,
+        timing=TimingConfig.for_device(device, quick), dtype=dtype, host=host, alias=alias, attention=attention,
+        time_budget_s=time_budget, progress=sys.stderr.isatty(),
+        log=None if sys.stderr.isatty() else (lambda line: click.echo(line, err=True)),
+    )  # fmt: skip
+    for line in res.skipped:
+        click.echo(f"skipped {line}", err=True)
+    n = res.compute.groupby("op").size().to_dict()
+    click.echo(f"wrote {res.out}/compute.csv ({len(res.compute)} rows: "
+               + ", ".join(f"{k} {v}" for k, v in sorted(n.items())) + ")")
+    if res.missing:
+        click.echo(f"incomplete: {res.missing} points not measured (time budget); run the same command again "
+                   f"to resume from {res.out}/compute.partial.csv", err=True)
+
+
+@profile_group.command("comm")
+@click.option("-o", "--output", default="profile", show_default=True, help="Profile folder: writes comm.csv.")
+@click.option("--sizes", default=None, help="Message sizes in bytes [default: cuda 1 KiB..64 MiB; cpu 1K,16K,256K].")
+@click.option("--world", type=int, default=None, help="Processes / GPUs [default: all GPUs; 2 on cpu].")
+@click.option("--device", default=None, help="cuda | cpu (gloo) [default: cuda when available].")
+@click.option("--graphs/--no-graphs", default=True, show_default=True, help="Also time CUDA-graph-captured collectives.")
+@click.option("--timeout", "timeout_s", type=float, default=480.0, show_default=True,
+              help="Seconds before the workers are stopped (rows measured so far are kept).")
+def profile_comm_cmd(output, sizes, world, device, graphs, timeout_s) -> None:
+    """All-reduce (NCCL, symmetric-memory one-shot) and send/recv over bytes x group size."""
+    from swiftspec.profiler.comm import profile_comm, write_comm
+
+    sz = _int_list(sizes, "--sizes")
+    res = profile_comm(world=world, sizes=tuple(sz) if sz else None, device=device, graphs=graphs,
+                       timeout_s=timeout_s)  # fmt: skip
+    for line in res.notes:
+        click.echo(line)
+    if not write_comm(output, res):
+        click.echo(f"kept the measured {output}/comm.csv (defaults never replace measured rows)")
+        return
+    what = "measured" if res.measured else "defaults (not measured)"
+    click.echo(f"wrote {output}/comm.csv ({len(res.comm)} rows, {what})")
+
+
+@profile_group.command("acceptance")
+@click.option("--target", required=True, help="Target checkpoint folder.")
+@click.option("--draft", required=True, help="Draft checkpoint folder (same tokenizer).")
+@click.option("--prompts", default="builtin", show_default=True,
+              help="builtin, builtin:chat,code,math,summarisation, or a JSONL file ({\"prompt\": ...} per line).")
+@click.option("--num-prompts", type=int, default=12, show_default=True, help="Prompts to trace (first N).")
+@click.option("--max-new-tokens", type=int, default=48, show_default=True, help="Target tokens per prompt.")
+@click.option("--top-k", type=int, default=32, show_default=True, help="Ranks beyond this are recorded as -1.")
+@click.option("--policies", default="chain/bs5-w1-d4,serial/bs8-w8-d4,serial/bs16-w4-d6", show_default=True,
+              help="Tree policies whose accepted length the runtime measures.")
+@click.option("--accepted-prompts", type=int, default=3, show_default=True,
+              help="Prompts the accepted-length runs use (first N).")
+@click.option("-o", "--output", default=None, help="Output JSON [default: <target>__<draft>.json].")
+@click.option("--device", default="cpu", show_default=True, help="cpu | cuda.")
+@click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16 | float16.")
+def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, top_k, policies, accepted_prompts,
+                           output, device, dtype) -> None:  # fmt: skip
+    """Record the rank of the target's token in the draft's distribution along the target's path."""
+    from swiftspec.profiler.acceptance import profile_acceptance
+
+    prof = profile_acceptance(
+        target, draft, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
+        policies=[p for p in policies.split(",") if p.strip()], accepted_prompts=accepted_prompts, device=device,
+        dtype=dtype, progress=sys.stderr.isatty(),
+    )  # fmt: skip
+    out = output or f"{prof.meta['name']}.json"
+    prof.save(out)
+    m = prof.meta
+    click.echo(f"acceptance: measured ({m['target_name']} <- {m['draft_name']}), {m['positions']} positions on "
+               f"{len(prof.traces)} prompts, {m['seconds']} s")
+    click.echo("positional (rank 0..7): " + " ".join(f"{p:.3f}" for p in prof.positional[:8]))
+    click.echo("draft_prob_by_rank (0..7): " + " ".join(f"{p:.3f}" for p in prof.draft_prob_by_rank[:8]))
+    for key, v in prof.accepted.items():
+        click.echo(f"accepted {key}: {v:.2f} tokens/verify (lossless: {m['lossless'][key]})")
+    click.echo(f"wrote {out}")
+
+
+@profile_group.command("check")
+@click.argument("folder")
+@click.option("--json", "as_json", is_flag=True, help="Print every held-out point as JSON.")
+def profile_check_cmd(folder, as_json) -> None:
+    """Hold out interior grid lines, predict them with the latency model, report the error."""
+    from swiftspec.profiler.check import check_profile
+
+    errors, summary = check_profile(folder)
+    if as_json:
+        click.echo(errors.to_json(orient="records"))
+        return
+    click.echo(f"latency model vs held-out points of {folder} (|predicted / measured - 1|):")
+    click.echo(summary.to_string(index=False, formatters={"median_abs_err": "{:.2%}".format,
+                                                          "max_abs_err": "{:.2%}".format}))  # fmt: skip
+    worst = errors.reindex(errors["err"].abs().sort_values(ascending=False).index).head(5)
+    click.echo("worst points:")
+    click.echo(worst.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+
+
 # ---- run (swiftspec.runtime async engine) --------------------------------------------------
 
 

@@ -114,7 +114,7 @@ def make_requantized_draft(src: str | Path, out: str | Path, bits: int, group: i
     """A self-draft: every decoder linear weight re-rounded to `bits` bits per `group` columns."""
     src, out = Path(src), Path(out)
     model = _load(src)
-    for name, mod in model.model.layers.named_modules():
+    for mod in model.model.layers.modules():
         if isinstance(mod, torch.nn.Linear) and mod.in_features % group == 0:
             mod.weight.copy_(requantize(mod.weight, bits, group))
     return _save_with_tokenizer(model, src, out, {"recipe": "requantized", "source": str(src), "bits": bits, "group": group})

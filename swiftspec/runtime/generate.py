@@ -1,0 +1,340 @@
+"""Single-process decoding: autoregressive, chain and serial (tree) speculation.
+
+Follow one token:
+  `generate` loop (here)  ->  `DraftTree.expand` (tree.py, draft forwards)  ->
+  `DraftTree.select` + `verify_inputs` (tree.py)  ->  `ModelRunner.forward_tree` (decoder.py)  ->
+  `Transformer.forward` (model.py)  ->  tree attention (attention.py / kernels)  ->
+  `GreedyVerifier.verify` (verify.py)  ->  `ModelRunner.commit` / `reroot_draft` (decoder.py).
+
+Every mode is the same loop: autoregressive is a tree of one node (bs=1) and no draft; chain is a
+tree with w=1; serial grows a tree by max-likelihood (or fills a static topology), then verifies.
+Both sides start with the prompt minus its last token in their prefix; the last prompt token is
+the first root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from swiftspec.runtime.decoder import ModelRunner, reroot_draft
+from swiftspec.runtime.tree import DraftTree, keep_limit, tree_slots_needed
+from swiftspec.runtime.verify import GreedyVerifier, Verifier
+from swiftspec.spec import Mode, TreePolicy, UserError, resolve_model_path
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """What to decode and how.
+
+    keep_subtree: in serial mode, keep the drafted subtree under the bonus token for the next
+    round (its KV compacted behind the prefix) instead of starting a fresh tree. Chain trees never
+    contain the bonus token; static trees are always refilled from a fresh root.
+    eos_ids: stop after producing any of these (the stop token is kept in the output).
+    """
+
+    mode: Mode
+    policy: TreePolicy
+    max_new_tokens: int
+    eos_ids: tuple[int, ...] = ()
+    keep_subtree: bool = True
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One draft round + verify. Times in ms (host wall clock; each step ends in a device sync)."""
+
+    accepted: int  # tokens this verify produced (accepted drafted tokens + bonus)
+    verified: int  # nodes sent to the target (root included)
+    tree_nodes: int  # nodes in the draft tree when it was verified
+    draft_forwards: int
+    draft_tokens: int  # tokens in those draft forwards
+    draft_ms: float
+    verify_ms: float
+    commit_ms: float
+
+
+@dataclass
+class GenerateResult:
+    """Output of one generation. tokens_per_s = generated tokens / decode time (prefill excluded)."""
+
+    tokens: list[int]
+    text: str | None
+    tokens_per_s: float
+    mean_accepted: float
+    iterations: int
+    weights: str  # "checkpoint" | "random"
+    mode: str
+    policy: str  # TreePolicy.key
+    prompt_len: int
+    prefill_ms: float
+    decode_s: float
+    stop: str  # "eos" | "max_new_tokens"
+    records: list[IterationRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def records_frame(self) -> pd.DataFrame:
+        """Per-iteration table: one row per IterationRecord."""
+        return pd.DataFrame([dataclasses.asdict(r) for r in self.records])
+
+
+def generate(
+    target: ModelRunner,
+    draft: ModelRunner | None,
+    prompt_ids: Sequence[int],
+    cfg: GenerateConfig,
+    *,
+    verifier: Verifier | None = None,
+    tokenizer=None,
+    weights: str = "checkpoint",
+) -> GenerateResult:
+    """Decode `cfg.max_new_tokens` tokens after `prompt_ids` with fresh runners (empty caches)."""
+    if not prompt_ids:
+        raise UserError("the prompt is empty: give at least one token")
+    verifier = verifier or GreedyVerifier()
+    policy, speculative = cfg.policy, cfg.mode is not Mode.autoregressive
+    if speculative and draft is None:
+        raise UserError(f"{cfg.mode} mode needs a draft model (--draft)")
+    keep = cfg.keep_subtree and cfg.mode is Mode.serial
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+
+    t0 = time.perf_counter()
+    target.prefill(prompt_ids[:-1])
+    if speculative:
+        draft.prefill(prompt_ids[:-1])
+    sync()
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+
+    out: list[int] = []
+    records: list[IterationRecord] = []
+    stop = "max_new_tokens"
+    tree = DraftTree.fresh(prompt_ids[-1], policy)
+    t_start = time.perf_counter()
+    while len(out) < cfg.max_new_tokens:
+        t_it = time.perf_counter()
+        forwards = drafted = 0
+        if speculative:
+            rounds = len(policy.topology) if policy.kind == "static" else policy.d
+            for _ in range(rounds):
+                n = tree.expand(draft.forward_tree)
+                if n == 0:
+                    break
+                forwards, drafted = forwards + 1, drafted + n
+        t_draft = time.perf_counter()
+
+        selected = tree.select(policy.bs)
+        logits = target.forward_tree(*tree.verify_inputs(selected))
+        verdict = verifier.verify(tree, selected, logits)
+        t_verify = time.perf_counter()
+
+        row = {n: i for i, n in enumerate(selected)}
+        target.commit([row[n] for n in verdict.path])  # target slot = position in `selected`
+        new = verdict.new_tokens(tree)
+        tree_nodes = len(tree)
+        if speculative:
+            tree = reroot_draft(draft, tree, verdict, keep_subtree=keep, keep=keep_limit(policy))
+        else:
+            tree = DraftTree.fresh(verdict.bonus, policy)
+        sync()
+        records.append(
+            IterationRecord(
+                accepted=verdict.accepted_length,
+                verified=len(selected),
+                tree_nodes=tree_nodes,
+                draft_forwards=forwards,
+                draft_tokens=drafted,
+                draft_ms=(t_draft - t_it) * 1e3,
+                verify_ms=(t_verify - t_draft) * 1e3,
+                commit_ms=(time.perf_counter() - t_verify) * 1e3,
+            )
+        )
+
+        for tok in new:
+            out.append(tok)
+            if tok in cfg.eos_ids:
+                stop = "eos"
+                break
+            if len(out) == cfg.max_new_tokens:
+                break
+        if stop == "eos":
+            break
+    decode_s = time.perf_counter() - t_start
+
+    return GenerateResult(
+        tokens=out,
+        text=tokenizer.decode(out) if tokenizer is not None else None,
+        tokens_per_s=len(out) / decode_s if decode_s > 0 else 0.0,
+        mean_accepted=sum(r.accepted for r in records) / max(len(records), 1),
+        iterations=len(records),
+        weights=weights,
+        mode=cfg.mode.value,
+        policy=policy.key,
+        prompt_len=len(prompt_ids),
+        prefill_ms=prefill_ms,
+        decode_s=decode_s,
+        stop=stop,
+        records=records,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# From checkpoint paths (what `swiftspec generate` calls)
+
+
+def make_policy(
+    mode: Mode,
+    bs: int | None = None,
+    w: int | None = None,
+    d: int | None = None,
+    max_depth: int = 0,
+    topology: Sequence[int] | None = None,
+) -> TreePolicy:
+    """The TreePolicy a mode implies, filled from the flags that were given (None = default).
+
+    autoregressive: bs=1. chain: k = d (or bs-1, default 4) drafted tokens, w=1, bs=k+1.
+    serial: dynamic bs/w/d (defaults 8/8/4), or static when a topology is given (bs = its size).
+    """
+    if mode is Mode.autoregressive:
+        policy = TreePolicy.autoregressive()
+    elif mode is Mode.chain:
+        k = d if d is not None else (bs - 1 if bs is not None else 4)
+        policy = TreePolicy.chain(k)
+        if (bs is not None and bs != k + 1) or (w is not None and w != 1):
+            raise UserError(f"chain mode drafts k={k} tokens: it needs --w 1 and --bs {k + 1} (or leave them out)")
+    elif mode is Mode.serial:
+        if topology is not None:
+            topo = tuple(int(p) for p in topology)
+            policy = TreePolicy(bs=len(topo), w=w or 1, d=d or 0, kind="static", topology=topo)
+        else:
+            dflt = TreePolicy()
+            policy = TreePolicy(bs=bs or dflt.bs, w=w or dflt.w, d=d if d is not None else dflt.d, max_depth=max_depth)
+    else:
+        raise UserError(f"{mode} mode runs on several processes: use `swiftspec run` (generate supports "
+                        "autoregressive, chain, serial)")
+    policy.validate(mode)
+    return policy
+
+
+def eos_ids_of(path_or_name: str | Path) -> tuple[int, ...]:
+    """EOS ids of a checkpoint: generation_config.json's if present, else config.json's."""
+    folder = resolve_model_path(path_or_name)
+    for name in ("generation_config.json", "config.json"):
+        f = folder / name
+        if f.exists():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            if eos is not None:
+                return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+    return ()
+
+
+def cache_slots(prompt_len: int, max_new_tokens: int, policy: TreePolicy, draft: bool) -> int:
+    """KV slots one side needs: prompt + generated tokens + a round's overshoot + its tree region."""
+    tree = tree_slots_needed(policy) + 1 if draft else policy.bs  # +1: a pending token
+    return prompt_len + max_new_tokens + policy.bs + tree
+
+
+def generate_from_checkpoints(
+    target: str | Path,
+    draft: str | Path | None = None,
+    *,
+    mode: Mode | str = Mode.autoregressive,
+    policy: TreePolicy | None = None,
+    prompt: str | None = None,
+    prompt_ids: Sequence[int] | None = None,
+    max_new_tokens: int = 32,
+    device: str = "cpu",
+    dtype: str = "float32",
+    weights: str = "checkpoint",
+    eos: bool = True,
+    max_len: int = 4096,
+    keep_subtree: bool = True,
+    seed: int = 0,
+) -> GenerateResult:
+    """Load the models, check the inputs, and run `generate` (the library side of the CLI)."""
+    from swiftspec.runtime.weights import load_model, load_tokenizer
+
+    mode = Mode.parse(mode) if isinstance(mode, str) else mode
+    policy = policy or make_policy(mode)
+    policy.validate(mode)
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {device!r}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
+    if weights not in ("checkpoint", "random"):
+        raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if (prompt is None) == (prompt_ids is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    speculative = mode is not Mode.autoregressive
+    if speculative and draft is None:
+        raise UserError(f"{mode} mode needs a draft model: add --draft PATH")
+
+    torch_dtype = DTYPES[dtype]
+    tmodel = load_model(target, weights=weights, device=device, dtype=torch_dtype, seed=seed)
+    dmodel = None
+    if speculative:
+        # random weights: a draft named like the target is the target (a self-draft); else its own seed
+        dseed = seed if str(draft) == str(target) else seed + 1
+        dmodel = load_model(draft, weights=weights, device=device, dtype=torch_dtype, seed=dseed)
+    tokenizer = load_tokenizer(resolve_model_path(target))
+    vocab = tmodel.spec.vocab
+    if dmodel is not None and dmodel.spec.vocab != vocab:
+        dtok = load_tokenizer(resolve_model_path(draft))
+        same_tokens = tokenizer is not None and dtok is not None and tokenizer.get_vocab() == dtok.get_vocab()
+        if not same_tokens:
+            raise UserError(
+                f"draft and target vocabularies differ ({dmodel.spec.vocab} vs {vocab} tokens): "
+                "pick a draft of the target's model family"
+            )
+
+    if prompt is not None:
+        if tokenizer is None:
+            raise UserError(f"{target} has no tokenizer: give the prompt as --prompt-ids 1,2,3")
+        ids = list(tokenizer(prompt)["input_ids"])
+    else:
+        ids = [int(x) for x in prompt_ids]
+    if not ids:
+        raise UserError("the prompt is empty: give at least one token")
+    bad = [x for x in ids if not 0 <= x < vocab]
+    if bad:
+        raise UserError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+    need = max(
+        cache_slots(len(ids), max_new_tokens, policy, draft=False),
+        cache_slots(len(ids), max_new_tokens, policy, draft=speculative),
+    )
+    if need > max_len:
+        raise UserError(
+            f"prompt ({len(ids)} tokens) + --max-new-tokens {max_new_tokens} + tree room need {need} KV "
+            f"slots but the cache holds --max-len {max_len}: shorten the prompt or raise --max-len"
+        )
+
+    target_runner = ModelRunner(tmodel, cache_slots(len(ids), max_new_tokens, policy, draft=False))
+    draft_runner = None
+    if dmodel is not None:
+        draft_runner = ModelRunner(
+            dmodel,
+            cache_slots(len(ids), max_new_tokens, policy, draft=True),
+            vocab_limit=vocab if dmodel.spec.vocab > vocab else None,
+        )
+    cfg = GenerateConfig(
+        mode=mode,
+        policy=policy,
+        max_new_tokens=max_new_tokens,
+        eos_ids=eos_ids_of(target) if eos else (),
+        keep_subtree=keep_subtree,
+    )
+    return generate(target_runner, draft_runner, ids, cfg, tokenizer=tokenizer, weights=weights)

@@ -1,0 +1,112 @@
+"""CUDA graphs for `Transformer.forward` at fixed token counts ("buckets"); eager on CPU.
+
+A host step of eager PyTorch costs far more than the GPU work of a batch-1 decode step (DESIGN.md:
+7-11x), so on CUDA every forward is a graph replay. One graph per bucket size b (1, 2, 4, ... 256
+tokens); a call with T tokens replays the smallest bucket b >= T after copying the inputs into
+static buffers and padding rows T..b-1 with dummy tokens that write their K/V to the cache's
+scratch slot and attend only to tree slot 0 (never NaN, never visible to real tokens).
+
+All buckets share the static inputs (views of one buffer each) and one memory pool; the mask
+buffer is (max_bucket, max_tree) wide, so calls may pass any tree_mask width N <= max_tree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from swiftspec.runtime.kv_cache import KVCache
+from swiftspec.runtime.model import Transformer
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class GraphRunner:
+    """`run(tokens, positions, slots, prefix_len, tree_mask) -> logits (T, vocab)` via CUDA graphs.
+
+    model, cache: the rank's model and the cache every graph reads and writes (fixed: a graph
+    holds its buffers' addresses). buckets: token counts to capture. max_tree: widest tree_mask
+    (tree-region slots) any call passes. capture=False (or a CPU model): plain eager calls.
+    Calls with more tokens than the largest bucket or a wider mask than max_tree run eagerly and
+    are counted in `eager_calls`.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        cache: KVCache,
+        *,
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+        max_tree: int | None = None,
+        capture: bool = True,
+        warmup: int = 2,
+    ):
+        self.model, self.cache = model, cache
+        self.buckets = tuple(sorted(set(buckets)))
+        self.max_tree = max_tree if max_tree is not None else self.buckets[-1]
+        self.use_graphs = capture and model.device.type == "cuda"
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.eager_calls = 0
+        if self.use_graphs:
+            self._capture(warmup)
+
+    def _capture(self, warmup: int) -> None:
+        dev, bmax = self.model.device, self.buckets[-1]
+        self.tokens = torch.zeros(bmax, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(bmax, dtype=torch.long, device=dev)
+        self.slots = torch.full((bmax,), self.cache.scratch_slot, dtype=torch.long, device=dev)
+        self.prefix_len = torch.zeros((), dtype=torch.long, device=dev)
+        self.tree_mask = torch.zeros(bmax, self.max_tree, dtype=torch.bool, device=dev)
+        self.tree_mask[:, 0] = True
+        pool = torch.cuda.graph_pool_handle()
+        for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory
+            args = (self.tokens[:b], self.positions[:b], self.cache, self.slots[:b], self.prefix_len,
+                    self.tree_mask[:b])  # fmt: skip
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside capture (lazy init, autotuning)
+                for _ in range(max(warmup, 1)):
+                    self.model(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[b] = self.model(*args)
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def bucket(self, t: int) -> int | None:
+        """Smallest captured bucket holding t tokens (None: too many)."""
+        return next((b for b in self.buckets if b >= t), None)
+
+    def run(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        prefix_len: torch.Tensor | int,
+        tree_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Same arguments and result as `Transformer.forward` (minus the cache, fixed here)."""
+        t, n = tokens.shape[0], tree_mask.shape[1]
+        b = self.bucket(t) if self.use_graphs else None
+        if b is None or n > self.max_tree:
+            if self.use_graphs:
+                self.eager_calls += 1
+            return self.model(tokens, positions, self.cache, slots, prefix_len, tree_mask)
+        self.tokens[:t].copy_(tokens, non_blocking=True)
+        self.positions[:t].copy_(positions, non_blocking=True)
+        self.slots[:t].copy_(slots, non_blocking=True)
+        if t < b:
+            self.tokens[t:b].zero_()
+            self.positions[t:b].zero_()
+            self.slots[t:b].fill_(self.cache.scratch_slot)
+        if isinstance(prefix_len, torch.Tensor):
+            self.prefix_len.copy_(prefix_len, non_blocking=True)
+        else:
+            self.prefix_len.fill_(prefix_len)
+        mask = self.tree_mask[:b]
+        mask.zero_()
+        mask[:t, :n].copy_(tree_mask, non_blocking=True)
+        mask[t:, 0] = True
+        self.graphs[b].replay()
+        return self.outputs[b][:t].clone()

@@ -1,0 +1,434 @@
+"""Process launcher of `swiftspec run`: one process per GPU (or CPU rank), and a watchdog.
+
+Two ways in:
+  * `launch(job)` spawns the ranks itself (torch.multiprocessing, "spawn"), on one host;
+  * under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) every process
+    runs `run_torchrun(job)` itself, so the same command also runs across nodes:
+        torchrun --nnodes 2 --nproc-per-node 8 ... -m swiftspec.cli run --plan plan.json
+
+Faults end the whole run within a bounded time, with a clear message and no orphan processes:
+  * every collective has a timeout (`init_process_group(timeout=...)`, `--timeout S`);
+  * spawned workers die with the launcher (PR_SET_PDEATHSIG) and ignore Ctrl-C, which the launcher
+    handles by stopping them (SIGTERM, then SIGKILL after a grace period);
+  * the launcher polls its workers: the first one that exits non-zero, or no heartbeat from any
+    rank for `timeout` seconds (a hang), stops all of them and raises `RunFailed` naming the rank;
+  * a worker's own exception is written to `error-<rank>.txt` and quoted in that message.
+Under torchrun, torchrun's agent does the stopping; the collective timeouts bound the wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from swiftspec.runtime.engine import Ctx, Job, run_worker
+from swiftspec.runtime.groups import Layout, make_groups
+
+GRACE_S = 3.0  # SIGTERM -> SIGKILL
+
+
+class RunFailed(RuntimeError):
+    """A worker died, failed or hung; the message names it. `pids`: the workers that were stopped."""
+
+    def __init__(self, message: str, pids: list[int]):
+        super().__init__(message)
+        self.pids = pids
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the launcher dies (no orphans even if it is SIGKILLed)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_rank(job: Job, rank: int, world: int, init_method: str, layout: Layout, device: torch.device,
+             beat) -> list[dict] | None:
+    """Initialise torch.distributed, build the groups and run the job's tasks on this rank."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=job.timeout_s)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=timeout)
+    beat()
+    groups = make_groups(layout, rank, timeout)
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // world)))
+    return run_worker(Ctx(job, rank, layout, groups, device, beat))
+
+
+def _spawned(rank: int, world: int, port: int, job: Job, layout: Layout, hb, folder: str) -> None:
+    """Entry point of a spawned worker."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and stops us
+
+    def beat() -> None:
+        hb[rank] = time.monotonic()
+
+    try:
+        device = torch.device("cuda", layout.physical[rank]) if job.device == "cuda" else torch.device("cpu")
+        out = run_rank(job, rank, world, f"tcp://127.0.0.1:{port}", layout, device, beat)
+        if rank == 0:
+            tmp = Path(folder) / "result.pkl.tmp"
+            tmp.write_bytes(pickle.dumps(out))
+            os.replace(tmp, Path(folder) / "result.pkl")
+    except BaseException as e:  # noqa: BLE001 -- reported to the launcher, then exit non-zero
+        first = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+        (Path(folder) / f"error-{rank}.txt").write_text(first + "\n" + traceback.format_exc())
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip process-group teardown: peers may already be gone
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def launch(job: Job, on_start=None) -> list[dict]:
+    """Spawn one process per rank of `job.split`, watch them, return rank 0's results.
+
+    on_start(pids): called once the workers are started (tests use it to check for orphans).
+    Raises RunFailed when a worker fails or the run stalls for `job.timeout_s` seconds.
+    """
+    import torch.multiprocessing as mp
+
+    layout = Layout.from_split(job.split, job.device, torch.cuda.device_count() if job.device == "cuda" else 0)
+    world = layout.world
+    ctx = mp.get_context("spawn")
+    folder = tempfile.mkdtemp(prefix="swiftspec-run-")
+    hb = ctx.Array("d", world, lock=False)
+    for i in range(world):
+        hb[i] = time.monotonic()
+    port = _free_port()
+    procs = [ctx.Process(target=_spawned, args=(r, world, port, job, layout, hb, folder), daemon=True)
+             for r in range(world)]
+    try:
+        for p in procs:
+            p.start()
+        pids = [p.pid for p in procs]
+        if on_start is not None:
+            on_start(pids)
+        _watch(procs, layout, hb, folder, job.timeout_s)
+        result = Path(folder) / "result.pkl"
+        if not result.exists():
+            raise RunFailed("rank 0 finished without writing its results", pids)
+        return pickle.loads(result.read_bytes())
+    finally:
+        _stop(procs)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _watch(procs, layout: Layout, hb, folder: str, timeout_s: float) -> None:
+    pids = [p.pid for p in procs]
+    while True:
+        codes = [p.exitcode for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            errors = {r: (Path(folder) / f"error-{r}.txt") for r in failed}
+            # the culprit is usually the rank that died without reporting (crash, kill, os._exit)
+            first = min(failed, key=lambda r: (errors[r].exists(), r))
+            msg = f"{layout.describe(first)} {_exit_text(codes[first])}"
+            if errors[first].exists():
+                msg += ": " + errors[first].read_text().splitlines()[0]
+            others = [r for r in failed if r != first]
+            if others:
+                msg += f"; then rank(s) {', '.join(map(str, others))} failed too"
+            _stop(procs)
+            raise RunFailed(f"{msg}; stopped all {len(procs)} workers (pids {', '.join(map(str, pids))})", pids)
+        if all(c == 0 for c in codes):
+            return
+        now = time.monotonic()
+        stall = now - max(hb[:])
+        if stall > timeout_s:
+            stalest = min(range(len(procs)), key=lambda r: hb[r])
+            _stop(procs)
+            raise RunFailed(
+                f"no rank made progress for {stall:.0f} s (--timeout {timeout_s:g}): the run hung; "
+                f"{layout.describe(stalest)} was last seen {now - hb[stalest]:.0f} s ago; stopped all "
+                f"{len(procs)} workers (pids {', '.join(map(str, pids))})",
+                pids,
+            )
+        time.sleep(0.05)
+
+
+def torchrun_env() -> dict | None:
+    """RANK / WORLD_SIZE / LOCAL_RANK when started by torchrun, else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        return {"rank": int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"]),
+                "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
+    return None
+
+
+def run_torchrun(job: Job) -> list[dict] | None:
+    """Run this process's rank under torchrun. Rank 0 returns the results, the others None."""
+    from swiftspec.spec import UserError
+
+    env = torchrun_env()
+    assert env is not None
+    layout = Layout.from_split(job.split, job.device)
+    if env["world"] != layout.world:
+        raise UserError(f"the plan needs {layout.world} processes but torchrun started {env['world']}: "
+                        f"use --nproc-per-node/--nnodes that multiply to {layout.world}")
+    # every rank has its own GPU under torchrun: mark devices distinct so groups use NCCL
+    layout = Layout(layout.split, layout.device, tuple(range(layout.world)) if job.device == "cuda" else layout.physical)
+    device = torch.device("cuda", env["local_rank"]) if job.device == "cuda" else torch.device("cpu")
+    return run_rank(job, env["rank"], env["world"], "env://", layout, device, lambda: None)
+
+
+# --------------------------------------------------------------------------------------------
+# `swiftspec run --plan`: from a plan to a RunLog
+
+
+BUILTIN_PROMPTS = ("chat", "code", "math", "summarisation")
+
+
+def load_prompts(spec: str, target: str, vocab: int, n: int) -> tuple[list[list[int]], str]:
+    """Prompts as token ids, and how they were tokenized.
+
+    spec: "builtin" (the bundled chat/code/math/summarisation sets, interleaved) or a file: JSONL
+    with {"prompt": text} or {"ids": [...]} per line, or plain text with one prompt per line.
+    Without a tokenizer (bundled model names, random weights) text becomes byte ids mod vocab.
+    """
+    import json
+    from importlib import resources
+
+    from swiftspec.runtime.weights import load_tokenizer
+    from swiftspec.spec import UserError, resolve_model_path
+
+    items: list = []
+    if spec == "builtin":
+        sets = []
+        for name in BUILTIN_PROMPTS:
+            f = Path(str(resources.files("swiftspec") / "data" / "prompts" / f"{name}.jsonl"))
+            sets.append([json.loads(x)["prompt"] for x in f.read_text().splitlines() if x.strip()])
+        for i in range(max(len(s) for s in sets)):
+            items.extend(s[i] for s in sets if i < len(s))
+    else:
+        p = Path(spec)
+        if not p.is_file():
+            raise UserError(f"prompt file {p} not found: give a JSONL/text file or `builtin`")
+        for i, line in enumerate(p.read_text().splitlines()):
+            if not line.strip():
+                continue
+            if p.suffix == ".jsonl":
+                try:
+                    obj = json.loads(line)
+                    items.append(obj["ids"] if "ids" in obj else obj["prompt"])
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise UserError(f"{p}:{i + 1}: expected a JSON object with \"prompt\" or \"ids\"") from None
+            else:
+                items.append(line)
+    items = items[:n]
+    if not items:
+        raise UserError(f"no prompts in {spec}")
+    tok = load_tokenizer(resolve_model_path(target))
+    out = []
+    for it in items:
+        if isinstance(it, list):
+            ids = [int(x) for x in it]
+        elif tok is not None:
+            ids = list(tok(it)["input_ids"])
+        else:
+            ids = [b % vocab for b in it.encode()]
+        if len(ids) < 1 or any(not 0 <= x < vocab for x in ids):
+            raise UserError(f"a prompt has ids outside the vocabulary [0, {vocab}) or is empty")
+        out.append(ids)
+    how = "tokenizer" if tok is not None else f"byte ids mod {vocab} (no tokenizer)"
+    return out, how
+
+
+def tasks_for(plan, modes: list[str] | None) -> list:
+    """The plan's mode first, then the baselines (default: serial and autoregressive)."""
+    from swiftspec.runtime.engine import Task
+    from swiftspec.spec import Mode, TreePolicy, UserError
+
+    wanted = [Mode.parse(m) for m in modes] if modes else [plan.mode, Mode.serial, Mode.autoregressive]
+    tasks = []
+    for m in dict.fromkeys(wanted):
+        if m is Mode.autoregressive:
+            tasks.append(Task(m, TreePolicy.autoregressive()))
+            continue
+        if not plan.draft:
+            raise UserError(f"{m} mode needs a draft model but the plan has none")
+        if m is Mode.async_ and not Layout.from_split(plan.split, plan.device).disaggregated:
+            raise UserError("async mode needs a plan with disjoint draft and target GPUs (its split is co-located)")
+        policy = plan.policy if m is not Mode.chain or plan.policy.w == 1 else TreePolicy.chain(max(plan.policy.bs - 1, 1))
+        policy.validate(m)
+        tasks.append(Task(m, policy))
+    return tasks
+
+
+def _baseline_predictions(plan, tasks, layout: Layout, acceptance_path: str | None) -> dict[str, dict]:
+    """The plan's prediction for its own mode; the simulator's for the baselines when it can."""
+    import dataclasses
+
+    from swiftspec.spec import Mode, Split
+
+    preds: dict[str, dict] = {}
+    inputs = None
+    for t in tasks:
+        if t.mode is plan.mode and t.policy == plan.policy:
+            if plan.prediction is not None:
+                preds[t.label] = plan.prediction.to_dict()
+            continue
+        try:
+            from swiftspec.sim.search import load_inputs, predict_plan
+
+            if inputs is None:
+                prof = plan.profile.path if plan.profile and not plan.profile.path.startswith("builtin") else None
+                acc = acceptance_path or (plan.acceptance.path if plan.acceptance and
+                                          not plan.acceptance.path.startswith("builtin") else None)
+                inputs = load_inputs(plan.target, plan.draft, prof, acc, plan.device)
+            c = len(layout.colocated)
+            split = Split.shared(c, with_draft=t.mode is not Mode.autoregressive)
+            p = dataclasses.replace(plan, mode=t.mode, split=split, policy=t.policy)
+            preds[t.label] = predict_plan(p, inputs).summary.to_prediction().to_dict()
+        except Exception:  # noqa: BLE001 -- a baseline without a prediction is shown as "-"
+            continue
+    return preds
+
+
+def run_plan(
+    plan_path: str | Path,
+    *,
+    prompts: str = "builtin",
+    num_prompts: int = 8,
+    max_new_tokens: int = 64,
+    device: str | None = None,
+    dtype: str | None = None,
+    weights: str = "checkpoint",
+    acceptance: str | None = None,
+    modes: list[str] | None = None,
+    timeout_s: float = 300.0,
+    seed: int = 0,
+    tasks: list | None = None,
+    on_start=None,
+):
+    """Run a plan (and its baselines) and return its RunLog (rank 0; None on other torchrun ranks).
+
+    weights "random" replays an acceptance profile (`acceptance`, else the plan's, else the
+    bundled default): `acceptance: synthetic (...)`. Checkpoint weights measure acceptance unless
+    `acceptance` is given.
+    """
+    import pandas as pd
+
+    from swiftspec.files import run_metadata
+    from swiftspec.runtime.runlog import RunLog
+    from swiftspec.runtime.synthetic import rank_paths
+    from swiftspec.spec import AcceptanceProfile, ModelSpec, Plan, UserError
+
+    plan = Plan.load(plan_path)
+    device = device or plan.device
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {device!r}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
+    dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
+    if weights not in ("checkpoint", "random"):
+        raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
+    if max_new_tokens < 1 or num_prompts < 1 or timeout_s <= 0:
+        raise UserError("--max-new-tokens, --num-prompts and --timeout must be positive")
+    plan = Plan.from_dict({**plan.to_dict(), "device": device})
+    tasks = tasks or tasks_for(plan, modes)
+    tspec = ModelSpec.from_config(plan.target)
+    if plan.draft and ModelSpec.from_config(plan.draft).vocab < tspec.vocab:
+        raise UserError(f"the draft's vocabulary is smaller than the target's ({plan.draft} vs {plan.target})")
+    ids, how = load_prompts(prompts, plan.target, tspec.vocab, num_prompts)
+
+    acc_label, paths, acc_path = "measured", None, None
+    if weights == "random" or acceptance is not None:
+        if acceptance is not None:
+            acc_path = acceptance
+        elif plan.acceptance is not None and Path(plan.acceptance.path).is_file():
+            acc_path = plan.acceptance.path
+        if acc_path is not None:
+            prof = AcceptanceProfile.load(acc_path)
+        else:
+            from swiftspec.sim.acceptance import default_acceptance
+
+            prof, _ = default_acceptance()
+        acc_label = prof.label if prof.synthetic else f"synthetic (replay of measured {Path(acc_path).name})"
+        paths = rank_paths(prof, len(ids), max_new_tokens + 64, seed)
+
+    job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
+              max_new_tokens=max_new_tokens, device=device, dtype=dtype, weights=weights, seed=seed,
+              rank_paths=paths, timeout_s=timeout_s)
+    layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
+    if torchrun_env() is not None:
+        results = run_torchrun(job)
+        if results is None:
+            return None
+    else:
+        results = launch(job, on_start=on_start)
+    iters = pd.DataFrame([r for res in results for r in res["rows"]])
+    prs = pd.DataFrame([r for res in results for r in res["prompts"]])
+    meta = {**run_metadata(device), "plan": plan.to_dict(), "plan_path": str(plan_path), "weights": weights,
+            "acceptance": acc_label, "device": device, "dtype": dtype, "prompts": prompts,
+            "tokenized_with": how, "max_new_tokens": max_new_tokens, "colocated_ranks": len(layout.colocated),
+            "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world}
+    return RunLog(iters, prs, meta, _baseline_predictions(plan, tasks, layout, acc_path))
+
+
+def format_report(log) -> str:
+    """What `swiftspec run` prints: the labels, then measured vs predicted per task."""
+    m = log.meta
+    plan = m["plan"]
+    split = plan["split"]
+    unit = "CPU ranks" if m["device"] == "cpu" else "GPUs"
+    lines = [
+        f"plan: {m['plan_path']} ({plan['mode']}; draft {len(split['draft_gpus'])} / target "
+        f"{len(split['target_gpus'])} {unit}; baselines on {m['colocated_ranks']} {unit})",
+        f"weights: {m['weights']}   acceptance: {m['acceptance']}   device: {m['device']} ({m['dtype']})",
+        f"prompts: {m['prompts']} ({len(log.prompts) and log.prompts['prompt'].nunique()}, {m['tokenized_with']}), "
+        f"{m['max_new_tokens']} new tokens each",
+    ]
+    if m.get("shared_devices"):
+        lines.append("note: ranks share a GPU (gloo link, no NCCL): correctness and host-side timing only")
+    s = log.summary()
+
+    def f(x, fmt="{:.1f}"):
+        return "-" if x is None or x != x else fmt.format(x)
+
+    table = [(r.task, f(r.tokens_per_s_mean), f(r.tokens_per_s_p50), f(r.tokens_per_s_p95), f(r.mean_accepted, "{:.2f}"),
+              f(r.iteration_ms, "{:.2f}"), f(r.predicted_tokens_per_s), f(r.error_pct, "{:+.1f}%"),
+              f(r.predicted_mean_accepted, "{:.2f}")) for r in s.itertuples()]
+    head = ("task", "tok/s mean", "p50", "p95", "accepted", "iter ms", "predicted tok/s", "error", "pred. accepted")
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
+    for row in (head, *table):
+        lines.append("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    return "\n".join(lines)

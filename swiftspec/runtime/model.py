@@ -1,0 +1,254 @@
+"""Llama / Qwen2 decoder for one tensor-parallel rank, with tree attention over a static KV cache.
+
+One `Transformer` holds the weights of one TP rank (see `weights.load_model`):
+
+    embed      (vocab, hidden)                         replicated
+    per layer  wqkv (q_local*hd + 2*kv_local*hd, hidden) [+ bqkv for Qwen2]   column-parallel, fused
+               wo   (hidden, q_local*hd)               row-parallel  -> all-reduce
+               w13  (2*ffn_local, hidden)              column-parallel gate|up, fused
+               w2   (hidden, ffn_local)                row-parallel  -> all-reduce
+    lm_head    (vocab_local, hidden)                   vocab-parallel -> all-gather of logits
+
+Head counts, ffn and vocab are zero-padded per `ModelSpec.shard(tp)`: padded query heads have zero
+rows in wqkv and zero columns in wo, so they add nothing; padded KV heads only serve padded query
+heads. Numerics follow Hugging Face (RMSNorm in float32 then cast, RoPE cos/sin in float32 cast
+to the model dtype) so float32 logits match transformers to ~1e-6.
+
+`forward` takes everything as tensors (positions, slots, prefix_len, tree_mask) so the same call
+can be captured in a CUDA graph (`graphs.GraphRunner`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from swiftspec.runtime.attention import tree_attention_ref
+from swiftspec.runtime.kv_cache import KVCache
+from swiftspec.spec import ModelSpec, Shard, UserError
+
+ATTENTION_IMPLS = ("torch", "ref", "triton")
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse RoPE frequencies, shape (head_dim/2,) float32, with default/linear/llama3 scaling.
+
+    Written to reproduce transformers' `modeling_rope_utils` bit for bit.
+    """
+    dim = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rs = spec.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / rs["factor"]
+    if kind == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old_len = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_len / hi) * ~(wavelen > old_len / lo)
+        return torch.where(medium, smoothed, scaled)
+    raise UserError(f"{spec.name}: RoPE scaling {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as Hugging Face computes it: statistics in float32, cast back, then scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (T, H, D); cos, sin: (T, D). Rotate-half convention (HF Llama)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """(T, 2F) fused gate|up projection -> silu(gate) * up, (T, F)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def attention_mask(prefix_len: torch.Tensor, tree_mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    """(T, max_len) bool: query t may see slot s. Same rule as `tree_attention_ref` (tensors only)."""
+    n = tree_mask.shape[1]
+    slot = torch.arange(max_len, device=tree_mask.device)
+    tree_idx = slot - prefix_len
+    in_tree = (tree_idx >= 0) & (tree_idx < n)
+    gathered = tree_mask[:, tree_idx.clamp(0, max(n - 1, 0))]
+    return (slot < prefix_len).unsqueeze(0) | (in_tree.unsqueeze(0) & gathered)
+
+
+def sdpa_tree_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Tree attention through `scaled_dot_product_attention`, mask built once per forward.
+
+    q (T, Hq, D), k_cache/v_cache (Hkv, S, D), allowed (T, S) bool -> (T, Hq, D).
+    GQA without copying KV: the g query heads of one KV head are folded into the query axis, so
+    each KV head is read once (batch-1 decode is bandwidth-bound).
+    """
+    t, hq, d = q.shape
+    hkv = k_cache.shape[0]
+    g = hq // hkv
+    qf = q.view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(1, hkv, g * t, d)
+    mask = allowed.repeat(g, 1).view(1, 1, g * t, -1)
+    out = F.scaled_dot_product_attention(qf, k_cache.unsqueeze(0), v_cache.unsqueeze(0), attn_mask=mask, scale=scale)
+    return out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
+
+
+class Layer(nn.Module):
+    """One decoder layer's local weights (shapes in the module docstring)."""
+
+    def __init__(self, spec: ModelSpec, shard: Shard, device, dtype):
+        super().__init__()
+        hd, h = spec.head_dim, spec.hidden
+        qkv_rows = (shard.q_heads + 2 * shard.kv_heads) * hd
+
+        def p(*shape):
+            return nn.Parameter(torch.zeros(*shape, device=device, dtype=dtype), requires_grad=False)
+
+        self.attn_norm, self.mlp_norm = p(h), p(h)
+        self.wqkv = p(qkv_rows, h)
+        self.bqkv = p(qkv_rows) if spec.qkv_bias else None
+        self.wo = p(h, shard.q_heads * hd)
+        self.w13 = p(2 * shard.ffn, h)
+        self.w2 = p(h, shard.ffn)
+
+
+class Transformer(nn.Module):
+    """Llama / Qwen2 decoder for one TP rank (see the module docstring for the weight layout).
+
+    Build it with `weights.load_model`; `Transformer(spec, ...)` alone holds zero weights.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        group: dist.ProcessGroup | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        attention: str = "torch",
+    ):
+        super().__init__()
+        if spec.architecture not in ("llama", "qwen2"):
+            raise UserError(f"architecture {spec.architecture!r} is not supported (supported: llama, qwen2)")
+        self.spec, self.tp_rank, self.tp_size, self.group = spec, tp_rank, tp_size, group
+        self.shard = spec.shard(tp_size)
+        self.device, self.dtype = torch.device(device), dtype
+        z = dict(device=device, dtype=dtype)
+        self.embed = nn.Parameter(torch.zeros(spec.vocab, spec.hidden, **z), requires_grad=False)
+        self.layers = nn.ModuleList(Layer(spec, self.shard, device, dtype) for _ in range(spec.num_layers))
+        self.norm = nn.Parameter(torch.zeros(spec.hidden, **z), requires_grad=False)
+        if spec.tie_embeddings and tp_size == 1:
+            self.lm_head = self.embed  # shared storage, as in HF
+        else:
+            self.lm_head = nn.Parameter(torch.zeros(self.shard.vocab, spec.hidden, **z), requires_grad=False)
+        self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
+        self.scale = spec.head_dim**-0.5
+        self.set_attention(attention)
+        self.set_fusion(False)  # opt-in until measured on the H200 (see benchmarks/bench_step.py --fuse)
+
+    def set_fusion(self, on: bool) -> None:
+        """On CUDA, run RMSNorm, RoPE and silu*up through `torch.compile` (one fused kernel each
+        instead of ~5-8 launches: a batch-1 step is launch-bound). Off: plain eager ops (CPU)."""
+        self.fused = bool(on)
+        fuse = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if on else (lambda f: f)
+        self._norm, self._rope, self._act = fuse(rms_norm), fuse(apply_rope), fuse(silu_mul)
+
+    def set_attention(self, impl: str) -> None:
+        """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
+        (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`."""
+        if impl not in ATTENTION_IMPLS:
+            raise UserError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
+        self._kernel = self._pack = None
+        if impl == "triton":
+            try:
+                from swiftspec.kernels.tree_attention import pack_tree_mask, tree_attention
+            except ImportError as e:
+                raise UserError(f"triton tree attention is not available ({e}); use attention='torch'") from None
+            self._kernel, self._pack = tree_attention, pack_tree_mask
+        self.attention = impl
+
+    def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def _gather_logits(self, local: torch.Tensor) -> torch.Tensor:
+        """(T, vocab_local) on each rank -> (T, vocab) on every rank."""
+        if self.tp_size == 1:
+            return local[:, : self.spec.vocab]
+        t, vl = local.shape
+        if local.is_cuda:  # one NCCL call, capturable in a CUDA graph
+            out = torch.empty(self.tp_size * t, vl, device=local.device, dtype=local.dtype)
+            dist.all_gather_into_tensor(out, local.contiguous(), group=self.group)
+            full = out.view(self.tp_size, t, vl).permute(1, 0, 2).reshape(t, self.tp_size * vl)
+        else:
+            parts = [torch.empty_like(local) for _ in range(self.tp_size)]
+            dist.all_gather(parts, local.contiguous(), group=self.group)
+            full = torch.cat(parts, dim=1)
+        return full[:, : self.spec.vocab]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        slots: torch.Tensor,
+        prefix_len: torch.Tensor | int,
+        tree_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run T new tokens; write their K/V into `slots`; return float32 logits (T, vocab).
+
+        tokens, positions, slots: (T,) int64. positions are RoPE positions (prefix_len + depth for
+        tree nodes); slots are cache slots (normally prefix_len + index in the tree region).
+        prefix_len: verified slots [0, prefix_len) every token sees. tree_mask: (T, N) bool, token
+        t sees tree slot prefix_len + j iff tree_mask[t, j] (see `attention.py`).
+        """
+        spec, sh = self.spec, self.shard
+        hd, t = spec.head_dim, tokens.shape[0]
+        if not isinstance(prefix_len, torch.Tensor):
+            prefix_len = torch.tensor(prefix_len, device=tokens.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        # per-step mask work done once, shared by every layer (plan once, run per layer)
+        allowed = attention_mask(prefix_len, tree_mask, cache.k.shape[2]) if self.attention == "torch" else None
+        packed = self._pack(tree_mask) if self._pack is not None else None
+        nq, nkv = sh.q_heads * hd, sh.kv_heads * hd
+        x = self.embed[tokens]
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.attn_norm, spec.rms_eps)
+            qkv = F.linear(h, layer.wqkv, layer.bqkv)
+            q = self._rope(qkv[:, :nq].view(t, sh.q_heads, hd), cos, sin)
+            k = self._rope(qkv[:, nq : nq + nkv].view(t, sh.kv_heads, hd), cos, sin)
+            v = qkv[:, nq + nkv :].view(t, sh.kv_heads, hd)
+            kc, vc = cache.k[i], cache.v[i]
+            kc[:, slots] = k.transpose(0, 1)
+            vc[:, slots] = v.transpose(0, 1)
+            if allowed is not None:
+                a = sdpa_tree_attention(q, kc, vc, allowed, self.scale)
+            elif self._kernel is not None:
+                a = self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed)
+            else:
+                a = tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
+            x = x + self._all_reduce(F.linear(a.reshape(t, nq), layer.wo))
+            h = self._norm(x, layer.mlp_norm, spec.rms_eps)
+            x = x + self._all_reduce(F.linear(self._act(F.linear(h, layer.w13)), layer.w2))
+        x = self._norm(x, self.norm, spec.rms_eps)
+        return self._gather_logits(F.linear(x, self.lm_head).float())

@@ -1,0 +1,98 @@
+"""Synthetic acceptance: random weights at real shapes, accept decisions replayed from a profile.
+
+Random weights say nothing about acceptance, so a latency run replays an `AcceptanceProfile`'s
+*rank path* (tree.md, rank view): r_0, r_1, ... = the draft rank of the target's token at each
+position (-1 = not among the draft's candidates). Everything else is real: the draft still grows
+its tree with its own (random) logits, the target still runs its verify forward and argmax, the
+messages and KV moves all happen. Only the walk down the tree reads ranks instead of comparing
+tokens:
+
+    at node n, position p: r = path[p]; follow the child of rank r if it was verified;
+    otherwise stop; the bonus token is the tree's rank-r child of n when the tree holds one
+    (so the draft re-roots there), else a token that is not a child of n (a fresh tree).
+
+A node's children are kept in draft-rank order (`DraftTree.grow`), and a verified subtree holds a
+prefix of every node's children in that order (a lower rank has a higher cum_logprob and is created
+first), so "the child of rank r" is `children[n][r]` in the draft's tree and in the target's copy
+of the subtree alike.
+
+Outputs of such runs say `acceptance: synthetic (<profile label>)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from swiftspec.runtime.tree import DraftTree
+from swiftspec.runtime.verify import Verdict
+from swiftspec.spec import AcceptanceProfile
+
+NOT_SYNTHETIC = -2  # bonus_rank of a measured (token-compared) verdict
+
+
+def rank_paths(profile: AcceptanceProfile, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """`n` rank paths of `length` positions, as the simulator draws them (same seed, same paths)."""
+    from swiftspec.sim.acceptance import AcceptanceModel
+
+    return [[int(r) for r in p] for p in AcceptanceModel(profile).request_paths(n, length, seed)]
+
+
+def outside_token(tree: DraftTree, node: int, preferred: int, vocab: int | None = None) -> int:
+    """`preferred` if it is not a child token of `node`, else the smallest token id that is not."""
+    taken = {tree.tokens[c] for c in tree.children[node]}
+    if preferred not in taken:
+        return int(preferred)
+    tok = 0
+    while tok in taken or (vocab is not None and tok >= vocab):
+        tok += 1
+    return tok
+
+
+def resolve_bonus(tree: DraftTree, last: int, rank: int, fallback: int) -> int:
+    """The bonus token after accepted node `last` when the target's rank there is `rank`."""
+    kids = tree.children[last]
+    if 0 <= rank < len(kids):
+        return tree.tokens[kids[rank]]
+    return outside_token(tree, last, fallback)
+
+
+class SyntheticVerifier:
+    """A `Verifier` that follows a rank path instead of the target's argmax (module docstring).
+
+    path: the request's rank path (list of ints). `pos` advances by the accepted length of every
+    verify. `consumed[i]` holds the ranks verify i read (its followed ranks, then the bonus rank),
+    so their concatenation is the prefix of `path` the run replayed.
+    """
+
+    def __init__(self, path: Sequence[int]):
+        self.path = [int(r) for r in path]
+        self.pos = 0
+        self.consumed: list[list[int]] = []
+        self.last_bonus_rank = NOT_SYNTHETIC
+
+    def rank_at(self, p: int) -> int:
+        return self.path[p] if p < len(self.path) else -1
+
+    def verify(self, tree: DraftTree, selected: Sequence[int], target_logits: torch.Tensor) -> Verdict:
+        """target_logits (len(selected), vocab): its argmax only supplies fallback bonus tokens."""
+        argmax = target_logits.argmax(dim=-1).tolist()  # the same device sync a real verify has
+        row = {n: i for i, n in enumerate(selected)}
+        node, path, ranks = 0, [0], []
+        while True:
+            r = self.rank_at(self.pos + len(ranks))
+            kids = tree.children[node]
+            child = kids[r] if 0 <= r < len(kids) else None
+            if child is None or child not in row:
+                ranks.append(r)
+                break
+            ranks.append(r)
+            node = child
+            path.append(node)
+        self.pos += len(path)
+        self.consumed.append(ranks)
+        self.last_bonus_rank = ranks[-1]
+        bonus = resolve_bonus(tree, node, ranks[-1], int(argmax[row[node]]))
+        return Verdict(path=path, bonus=bonus)
+

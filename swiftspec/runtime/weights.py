@@ -1,0 +1,229 @@
+"""Build a `Transformer` for one TP rank from a Hugging Face checkpoint or from random weights.
+
+Checkpoints: safetensors only (`model.safetensors`, or shards listed in
+`model.safetensors.index.json`). Each rank reads only its slice of every sharded weight
+(`safe_open(...).get_slice(name)[a:b]`), fuses q/k/v and gate/up, and zero-pads heads, ffn and vocab
+per `ModelSpec.shard(tp)`.
+
+Random weights (`weights="random"`, latency work at real shapes): N(0, 0.02) for matrices and
+biases, ones for norms. Each tensor is generated *directly at its local (per-rank) shape on the
+target device* with its own seed: crc32(f"{seed}/{name}") for replicated tensors (embedding, norms:
+identical on all ranks) and crc32(f"{seed}/{name}/rank{r}") for sharded ones. So a random model is
+deterministic for (seed, tp, rank) and fast to build even at 70B shapes, but a random model at
+tp=2 is not the same function as at tp=1 (use a checkpoint to compare across TP degrees).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from swiftspec.runtime.model import Transformer
+from swiftspec.spec import ModelSpec, UserError, resolve_model_path
+
+WEIGHT_KINDS = ("checkpoint", "random")
+_DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+
+
+@dataclass(frozen=True)
+class RankSlices:
+    """Global index ranges [start, stop) of the real (unpadded) rows one rank holds.
+
+    q, kv: head ranges; ffn: intermediate rows; vocab: LM-head rows. The rank's local tensors
+    hold these first, then zeros up to the `Shard` sizes.
+    """
+
+    q: tuple[int, int]
+    kv: tuple[int, int]
+    ffn: tuple[int, int]
+    vocab: tuple[int, int]
+
+
+def rank_slices(spec: ModelSpec, tp: int, rank: int) -> RankSlices:
+    """Which heads / rows rank `rank` of `tp` holds (mirrors the three cases of `ModelSpec.shard`)."""
+    sh = spec.shard(tp)
+    g = spec.num_heads // spec.num_kv_heads
+
+    def clip(a: int, b: int, hi: int) -> tuple[int, int]:
+        return min(a, hi), min(b, hi)
+
+    if spec.num_kv_heads % tp == 0:
+        kv = (rank * sh.kv_heads, (rank + 1) * sh.kv_heads)
+        q = (kv[0] * g, kv[1] * g)
+    elif tp % spec.num_kv_heads == 0:  # KV head replicated over `rep` ranks, its q heads split
+        rep = tp // spec.num_kv_heads
+        head, part = divmod(rank, rep)
+        kv = (head, head + 1)
+        q = clip(head * g + part * sh.q_heads, head * g + (part + 1) * sh.q_heads, (head + 1) * g)
+    else:  # whole KV groups, padded at the end
+        kv = clip(rank * sh.kv_heads, (rank + 1) * sh.kv_heads, spec.num_kv_heads)
+        q = (kv[0] * g, kv[1] * g)
+    return RankSlices(
+        q=q,
+        kv=kv,
+        ffn=clip(rank * sh.ffn, (rank + 1) * sh.ffn, spec.ffn),
+        vocab=clip(rank * sh.vocab, (rank + 1) * sh.vocab, spec.vocab),
+    )
+
+
+# A reader returns rows (dim 0) or columns (dim 1) [a, b) of one HF tensor; dim None = whole tensor.
+Reader = Callable[[str, "int | None", int, int], torch.Tensor]
+
+
+def _checkpoint_reader(folder: Path) -> tuple[Reader, set[str]]:
+    index = folder / "model.safetensors.index.json"
+    single = folder / "model.safetensors"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+    elif single.exists():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as f:
+            weight_map = {k: single.name for k in f.keys()}
+    else:
+        raise UserError(
+            f"{folder} has no safetensors weights (model.safetensors or model.safetensors.index.json); "
+            "use --weights random for latency work at this model's shapes"
+        )
+    from safetensors import safe_open
+
+    handles: dict[str, object] = {}
+
+    def read(name: str, dim: int | None, a: int, b: int) -> torch.Tensor:
+        if name not in weight_map:
+            raise UserError(f"{folder}: checkpoint lacks tensor {name}")
+        fname = weight_map[name]
+        if fname not in handles:
+            handles[fname] = safe_open(str(folder / fname), framework="pt")
+        sl = handles[fname].get_slice(name)
+        if dim is None:
+            return sl[:]
+        return sl[a:b] if dim == 0 else sl[:, a:b]
+
+    return read, set(weight_map)
+
+
+def _random_reader(spec: ModelSpec, rank: int, seed: int, device, dtype) -> Reader:
+    h, hd = spec.hidden, spec.head_dim
+    full = {
+        "embed_tokens": (spec.vocab, h), "lm_head": (spec.vocab, h), "norm": (h,),
+        "q_proj.weight": (spec.num_heads * hd, h), "k_proj.weight": (spec.num_kv_heads * hd, h),
+        "v_proj.weight": (spec.num_kv_heads * hd, h), "q_proj.bias": (spec.num_heads * hd,),
+        "k_proj.bias": (spec.num_kv_heads * hd,), "v_proj.bias": (spec.num_kv_heads * hd,),
+        "o_proj": (h, spec.num_heads * hd), "gate_proj": (spec.ffn, h), "up_proj": (spec.ffn, h),
+        "down_proj": (h, spec.ffn),
+    }  # fmt: skip
+
+    def read(name: str, dim: int | None, a: int, b: int) -> torch.Tensor:
+        shape = list(next(s for k, s in full.items() if k in name))
+        if name.endswith("norm.weight"):
+            return torch.ones(shape, device=device, dtype=dtype)
+        tag = f"{seed}/{name}" if dim is None else f"{seed}/{name}/rank{rank}"
+        if dim is not None:
+            shape[dim] = b - a
+        gen = torch.Generator(device=device).manual_seed(zlib.crc32(tag.encode()))
+        return torch.randn(shape, generator=gen, device=device, dtype=dtype).mul_(0.02)
+
+    return read
+
+
+def _fill(model: Transformer, read: Reader, names: set[str] | None) -> None:
+    """Copy every local tensor of `model` from `read`, fusing and zero-padding as documented."""
+    spec, sh = model.spec, model.shard
+    sl = rank_slices(spec, model.tp_size, model.tp_rank)
+    hd = spec.head_dim
+
+    def get(name: str, dim: int | None = None, rng: tuple[int, int] = (0, 0), unit: int = 1, size: int = 0):
+        """Rows/cols [rng[0]*unit, rng[1]*unit) of `name`, zero-padded to size*unit along dim."""
+        t = read(name, dim, rng[0] * unit, rng[1] * unit).to(device=model.device, dtype=model.dtype)
+        if dim is not None and t.shape[dim] < size * unit:
+            pad = list(t.shape)
+            pad[dim] = size * unit - t.shape[dim]
+            t = torch.cat([t, torch.zeros(pad, device=t.device, dtype=t.dtype)], dim=dim)
+        return t
+
+    with torch.no_grad():
+        model.embed.copy_(get("model.embed_tokens.weight"))
+        model.norm.copy_(get("model.norm.weight"))
+        for i, layer in enumerate(model.layers):
+            p = f"model.layers.{i}."
+            layer.attn_norm.copy_(get(p + "input_layernorm.weight"))
+            layer.mlp_norm.copy_(get(p + "post_attention_layernorm.weight"))
+            for kind, target in (("weight", layer.wqkv), ("bias", layer.bqkv)):
+                if target is None:
+                    continue
+                q = get(f"{p}self_attn.q_proj.{kind}", 0, sl.q, hd, sh.q_heads)
+                k = get(f"{p}self_attn.k_proj.{kind}", 0, sl.kv, hd, sh.kv_heads)
+                v = get(f"{p}self_attn.v_proj.{kind}", 0, sl.kv, hd, sh.kv_heads)
+                target.copy_(torch.cat([q, k, v], dim=0))
+            layer.wo.copy_(get(p + "self_attn.o_proj.weight", 1, sl.q, hd, sh.q_heads))
+            gate = get(p + "mlp.gate_proj.weight", 0, sl.ffn, 1, sh.ffn)
+            up = get(p + "mlp.up_proj.weight", 0, sl.ffn, 1, sh.ffn)
+            layer.w13.copy_(torch.cat([gate, up], dim=0))
+            layer.w2.copy_(get(p + "mlp.down_proj.weight", 1, sl.ffn, 1, sh.ffn))
+        if model.lm_head is not model.embed:
+            if spec.tie_embeddings or (names is not None and "lm_head.weight" not in names):
+                rows = model.embed[sl.vocab[0] : sl.vocab[1]]  # this rank's rows of the tied matrix
+                model.lm_head.zero_()
+                model.lm_head[: rows.shape[0]].copy_(rows)
+            else:
+                model.lm_head.copy_(get("lm_head.weight", 0, sl.vocab, 1, sh.vocab))
+
+
+def load_model(
+    path_or_name: str | Path,
+    *,
+    weights: str = "checkpoint",
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    group: dist.ProcessGroup | None = None,
+    seed: int = 0,
+    attention: str = "torch",
+    num_layers: int | None = None,
+) -> Transformer:
+    """The model of one TP rank. `path_or_name`: checkpoint folder or bundled name (random only).
+
+    num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
+    The returned model carries `model.weights` = "checkpoint" | "random" for labelling outputs.
+    """
+    if weights not in WEIGHT_KINDS:
+        raise UserError(f"weights must be one of {', '.join(WEIGHT_KINDS)}, got {weights!r}")
+    if not 0 <= tp_rank < tp_size:
+        raise UserError(f"tp_rank {tp_rank} is outside 0..{tp_size - 1}")
+    folder = resolve_model_path(path_or_name)
+    spec = ModelSpec.from_config(folder, dtype_bytes=_DTYPE_BYTES.get(dtype, 2))
+    if num_layers is not None:
+        if not 1 <= num_layers <= spec.num_layers:
+            raise UserError(f"num_layers must be in 1..{spec.num_layers}, got {num_layers}")
+        spec = dataclasses.replace(spec, num_layers=num_layers)
+    if weights == "checkpoint":
+        read, names = _checkpoint_reader(folder)
+    else:
+        read, names = _random_reader(spec, tp_rank, seed, torch.device(device), dtype), None
+    model = Transformer(
+        spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention
+    )
+    _fill(model, read, names)
+    model.weights = weights
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path):
+    """`transformers.AutoTokenizer` of a checkpoint folder, or None when it ships no tokenizer."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(p), local_files_only=True)

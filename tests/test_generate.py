@@ -1,0 +1,223 @@
+"""Single-process decoding: lossless speculation, full acceptance of a self-draft, the CLI.
+
+Lossless means: the speculative output equals the target's own greedy output token for token
+(float32, CPU). References: our autoregressive mode, and transformers' `generate(do_sample=False)`
+on the same checkpoint (independent of our runtime).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import zlib
+
+import pytest
+import torch
+
+from swiftspec.cli import main
+from swiftspec.runtime.decoder import ModelRunner
+from swiftspec.runtime.generate import GenerateConfig, GenerateResult, cache_slots, generate
+from swiftspec.runtime.weights import load_model
+from swiftspec.spec import Mode, TreePolicy
+
+ARCHS = ("llama", "qwen2")
+NEW = 24  # generated tokens per case
+SMALL_DRAFT = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                   intermediate_size=64, seed=1)  # fmt: skip
+STATIC = (-1, 0, 0, 1, 1, 3, 2)  # rank-0 chain 0-1-3-5 is the deepest path (depth 3)
+POLICIES = {
+    "chain3": (Mode.chain, TreePolicy.chain(3), True),
+    "bs8-w2-d3": (Mode.serial, TreePolicy(bs=8, w=2, d=3), True),
+    "bs4-w3-d4-D3": (Mode.serial, TreePolicy(bs=4, w=3, d=4, max_depth=3), True),
+    "bs10-w4-d4-fresh": (Mode.serial, TreePolicy(bs=10, w=4, d=4), False),
+    "static7": (Mode.serial, TreePolicy(bs=7, w=1, d=0, kind="static", topology=STATIC), True),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread is faster (and 2 threads crawl on a shared CPU)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def decode(target, draft, prompt, mode=Mode.autoregressive, policy=None, n=NEW, keep=True, eos=()) -> GenerateResult:
+    """Fresh runners (empty caches) sized as `generate_from_checkpoints` sizes them."""
+    policy = policy or TreePolicy.autoregressive()
+    t = ModelRunner(target, cache_slots(len(prompt), n, policy, draft=False))
+    d = ModelRunner(draft, cache_slots(len(prompt), n, policy, draft=True)) if draft is not None else None
+    return generate(t, d, prompt, GenerateConfig(mode, policy, n, tuple(eos), keep))
+
+
+@pytest.fixture(scope="module")
+def pair(make_checkpoint):
+    """Per arch: target, a smaller draft (other depth/width), a noisy copy of the target."""
+    cache = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            target = load_model(make_checkpoint(arch))
+            small = load_model(make_checkpoint(arch, **SMALL_DRAFT))
+            noisy = load_model(make_checkpoint(arch))  # the target + noise: accepts some, not all
+            g = torch.Generator().manual_seed(7)
+            with torch.no_grad():
+                for p in noisy.parameters():
+                    p.add_(0.02 * torch.randn(p.shape, generator=g))
+            cache[arch] = (target, small, noisy)
+        return cache[arch]
+
+    return get
+
+
+def prompts(seed: int, k: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(rng.randint(1, 12))] for _ in range(k)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_lossless(pair, arch: str, name: str) -> None:
+    mode, policy, keep = POLICIES[name]
+    target, small, noisy = pair(arch)
+    accepted = []
+    for i, prompt in enumerate(prompts(zlib.crc32(f"{arch}/{name}".encode()))):
+        ref = decode(target, None, prompt).tokens
+        assert len(ref) == NEW
+        for draft in (small, noisy):
+            res = decode(target, draft, prompt, mode, policy, keep=keep)
+            assert res.tokens == ref, f"prompt {i}: speculative output differs from greedy"
+            assert sum(r.accepted for r in res.records) >= NEW and res.iterations == len(res.records)
+            accepted += [r.accepted for r in res.records]
+    assert max(accepted) > 1  # some drafted tokens were accepted: the accept path ran
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_matches_transformers_generate(pair, make_checkpoint, arch: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(make_checkpoint(arch), dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # compare NEW tokens, whatever they are
+    target, _, noisy = pair(arch)
+    for prompt in prompts(11, k=2):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+        want = out[0, len(prompt) :].tolist()
+        got = decode(target, noisy, prompt, Mode.serial, TreePolicy(bs=8, w=3, d=3)).tokens
+        assert got == want
+
+
+def test_stops_at_eos(pair) -> None:
+    target, _, noisy = pair("llama")
+    prompt = [3, 14, 15, 92]
+    ref = decode(target, None, prompt).tokens
+    k = next(i for i in range(4, NEW) if ref[i] not in ref[:i])  # first occurrence as the stop token
+    res = decode(target, noisy, prompt, Mode.serial, TreePolicy(bs=8, w=2, d=3), eos=[ref[k]])
+    assert res.tokens == ref[: k + 1] and res.stop == "eos"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "mode,policy,depth",
+    [
+        (Mode.chain, TreePolicy.chain(3), 3),
+        (Mode.serial, TreePolicy(bs=5, w=1, d=4), 4),
+        (Mode.serial, TreePolicy(bs=7, w=1, d=0, kind="static", topology=STATIC), 3),
+    ],
+    ids=["chain3", "w1-d4", "static7"],
+)
+def test_self_draft_is_fully_accepted(pair, arch: str, mode: Mode, policy: TreePolicy, depth: int) -> None:
+    target, _, _ = pair(arch)
+    prompt = prompts(5, k=1)[0]
+    res = decode(target, target, prompt, mode, policy, n=20)
+    assert [r.accepted for r in res.records] == [depth + 1] * res.iterations
+    assert res.tokens == decode(target, None, prompt, n=20).tokens
+
+
+def test_dynamic_self_draft_accepts_its_top_child(pair) -> None:
+    """Dynamic tree: the root's best child is always selected, and it is the target's token."""
+    target, _, _ = pair("qwen2")
+    prompt = prompts(6, k=1)[0]
+    res = decode(target, target, prompt, Mode.serial, TreePolicy(bs=8, w=3, d=3), n=20)
+    assert all(r.accepted >= 2 for r in res.records)
+    assert res.mean_accepted > 2.5
+    assert res.tokens == decode(target, None, prompt, n=20).tokens
+
+
+def test_random_draft_gives_identical_output(pair, make_checkpoint) -> None:
+    target, _, _ = pair("llama")
+    unrelated = load_model(make_checkpoint("llama"), weights="random", seed=3)
+    prompt = prompts(8, k=1)[0]
+    ref = decode(target, None, prompt).tokens
+    assert decode(target, unrelated, prompt, Mode.serial, TreePolicy(bs=8, w=4, d=2)).tokens == ref
+    assert decode(target, unrelated, prompt, Mode.chain, TreePolicy.chain(4)).tokens == ref
+
+
+# ---- CLI -----------------------------------------------------------------------------------
+
+
+def cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """Run `swiftspec ...` in this process through `cli.main` (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["swiftspec", *map(str, args)])
+    capsys.readouterr()  # drop what came before (e.g. checkpoint writing)
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_json_contract(make_checkpoint, pair, monkeypatch, capsys) -> None:
+    target, draft = make_checkpoint("qwen2"), make_checkpoint("qwen2", **SMALL_DRAFT)
+    ids = [5, 6, 7, 8, 9]
+    code, out, err = cli(["generate", "--target", target, "--draft", draft, "--mode", "serial", "--bs", 6,
+                          "--w", 2, "--d", 3, "--prompt-ids", "5,6,7,8,9", "--max-new-tokens", 12, "--no-eos",
+                          "--json"], monkeypatch, capsys)  # fmt: skip
+    assert code == 0, err
+    res = json.loads(out)
+    assert {"tokens", "text", "tokens_per_s", "mean_accepted", "iterations", "weights"} <= set(res)
+    assert res["tokens"] == decode(pair("qwen2")[0], None, ids, n=12).tokens
+    assert res["text"] is None and res["weights"] == "checkpoint" and res["tokens_per_s"] > 0
+    assert res["iterations"] == len(res["records"]) and res["mean_accepted"] >= 1
+
+
+def test_cli_text_prompt_random_weights(make_checkpoint, monkeypatch, capsys) -> None:
+    target = make_checkpoint("llama", tokenizer=True)
+    args = ["generate", "--target", target, "--draft", target, "--mode", "chain", "--d", 2, "--prompt", "hi there",
+            "--max-new-tokens", 6, "--weights", "random", "--no-eos"]  # fmt: skip
+    code, out, err = cli([*args, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["weights"] == "random" and isinstance(res["text"], str) and len(res["tokens"]) == 6
+    code, out, err = cli(args, monkeypatch, capsys)
+    assert code == 0 and "weights: random" in out.splitlines()
+
+
+BAD = {
+    "missing": (lambda mk: ["--target", "/no/such/checkpoint", "--prompt-ids", "1,2"], "no/such/checkpoint"),
+    "architecture": (lambda mk: ["--target", mk("llama", model_type="gpt2"), "--prompt-ids", "1,2"], "gpt2"),
+    "vocab": (lambda mk: ["--target", mk("llama"), "--draft", mk("llama", vocab_size=300), "--mode", "chain",
+                          "--prompt-ids", "1,2"], "vocabularies differ"),  # fmt: skip
+    "too-long": (lambda mk: ["--target", mk("llama"), "--prompt-ids", ",".join(["3"] * 40), "--max-len", 32],
+                 "--max-len"),  # fmt: skip
+    "cuda": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1,2", "--device", "cuda"], "no CUDA GPU"),
+    "chain-w": (lambda mk: ["--target", mk("llama"), "--draft", mk("llama"), "--mode", "chain", "--w", 2,
+                            "--prompt-ids", "1"], "--w 1"),  # fmt: skip
+    "no-draft": (lambda mk: ["--target", mk("llama"), "--mode", "serial", "--prompt-ids", "1"], "--draft"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_cli_bad_input(case: str, make_checkpoint, monkeypatch, capsys) -> None:
+    if case == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    make_args, needle = BAD[case]
+    code, out, err = cli(["generate", *make_args(make_checkpoint), "--max-new-tokens", 4, "--json"],
+                         monkeypatch, capsys)  # fmt: skip
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0]

@@ -1,0 +1,60 @@
+"""Faults end a run quickly and cleanly: a dead or hung worker stops every process, names the rank."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from swiftspec.runtime.engine import FAULT_ENV, Job, Task
+from swiftspec.runtime.launch import RunFailed, launch
+from swiftspec.spec import Mode, Plan, Split, TreePolicy
+
+
+def _gone(pids):
+    for pid in pids:
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return False
+    return True
+
+
+def test_killed_worker_fails_cleanly_via_cli(make_checkpoint, tmp_path):
+    """`swiftspec run` with a target rank that exits mid-run: exit 1, a message naming the rank."""
+    target = make_checkpoint("llama")
+    Plan(target=str(target), draft=str(target), split=Split.disaggregated(1, 1), mode=Mode.async_,
+         policy=TreePolicy(bs=4, w=2, d=1), device="cpu").save(tmp_path / "plan.json")
+    env = {**os.environ, FAULT_ENV: "1:3:exit"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "swiftspec", "run", "--plan", str(tmp_path / "plan.json"),
+                           "--num-prompts", "2", "--max-new-tokens", "8", "--modes", "async", "--timeout", "20",
+                           "-o", str(tmp_path / "log")], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert time.monotonic() - t0 < 60
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: run failed: rank 1 (target group, TP rank 0 of 1) exited with code 17"), line
+    pids = [int(x) for x in line.split("pids ")[1].rstrip(")").split(", ")]
+    assert len(pids) == 2 and _gone(pids)
+    assert not (tmp_path / "log").exists()  # nothing half-written
+
+
+def test_hung_worker_is_stopped_within_timeout(make_checkpoint):
+    target = make_checkpoint("llama")
+    job = Job(target=str(target), draft=str(target), split=Split.disaggregated(1, 1),
+              tasks=[Task(Mode.async_, TreePolicy(bs=4, w=2, d=1))], prompts=[[1, 2, 3]], max_new_tokens=30,
+              timeout_s=4)
+    seen = []
+    os.environ[FAULT_ENV] = "1:2:hang"  # rank 1 blocks SIGTERM and sleeps: only SIGKILL ends it
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RunFailed) as err:
+            launch(job, on_start=seen.extend)
+        took = time.monotonic() - t0
+    finally:
+        del os.environ[FAULT_ENV]
+    assert took < 40, took
+    assert "stopped all 2 workers" in str(err.value)
+    assert seen and _gone(seen)

@@ -1,0 +1,129 @@
+"""Checkpoint loading (single / sharded), random weights, TP slicing, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from swiftspec.runtime.kv_cache import KVCache
+from swiftspec.runtime.weights import load_model, load_tokenizer, rank_slices
+from swiftspec.spec import ModelSpec, UserError
+
+
+def _logits(model, ids):
+    t = len(ids)
+    cache = KVCache(model.spec, model.shard, 32, "cpu", torch.float32)
+    return model(torch.tensor(ids), torch.arange(t), cache, torch.arange(t), 0, torch.ones(t, t, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_sharded_checkpoint_equals_single_file(make_checkpoint, arch):
+    single = make_checkpoint(arch, seed=3)
+    sharded = make_checkpoint(arch, seed=3, max_shard_size="40KB")
+    assert (sharded / "model.safetensors.index.json").exists() and not (sharded / "model.safetensors").exists()
+    a, b = load_model(single), load_model(sharded)
+    assert a.weights == b.weights == "checkpoint"
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert na == nb and torch.equal(pa, pb)
+    ids = [5, 17, 200, 3, 99]
+    assert torch.equal(_logits(a, ids), _logits(b, ids))
+    assert not torch.equal(_logits(a, ids), _logits(load_model(make_checkpoint(arch, seed=4)), ids))
+
+
+@pytest.mark.parametrize("heads,kv", [(4, 2), (6, 2), (8, 8), (3, 1), (32, 8), (64, 8), (28, 4), (12, 3)])
+def test_rank_slices_partition_heads(heads, kv):
+    spec = ModelSpec(name="t", architecture="llama", num_layers=1, hidden=heads * 4, num_heads=heads,
+                     num_kv_heads=kv, head_dim=4, ffn=100, vocab=1001, qkv_bias=False, tie_embeddings=False)  # fmt: skip
+    g = heads // kv
+    for tp in range(1, 9):
+        sh = spec.shard(tp)
+        qs, ffn, vocab = [], [], []
+        for r in range(tp):
+            s = rank_slices(spec, tp, r)
+            q = list(range(*s.q))
+            assert len(q) <= sh.q_heads and s.kv[1] - s.kv[0] <= sh.kv_heads
+            # every real query head sits on the rank that holds its KV head, at the same local group
+            for j, h in enumerate(q):
+                assert s.kv[0] <= h // g < s.kv[1]
+                assert j // (sh.q_heads // sh.kv_heads) == h // g - s.kv[0]
+            qs += q
+            ffn += list(range(*s.ffn))
+            vocab += list(range(*s.vocab))
+        assert qs == list(range(heads)), tp  # each query head on exactly one rank
+        assert ffn == list(range(100)) and vocab == list(range(1001))
+
+
+def test_random_weights_shapes_determinism_and_padding(make_checkpoint):
+    path = make_checkpoint("qwen2", num_attention_heads=6, num_key_value_heads=2, hidden_size=96)
+    a = load_model(path, weights="random", seed=1)
+    b = load_model(path, weights="random", seed=1)
+    c = load_model(path, weights="random", seed=2)
+    assert a.weights == "random"
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.layers[0].wqkv, c.layers[0].wqkv)
+    w = a.layers[1].w13
+    assert w.shape == (2 * 128, 96) and abs(float(w.std()) - 0.02) < 0.002 and abs(float(w.mean())) < 0.002
+    # tp 4 with 6 heads / 2 KV: 2 local query heads, the 4th head of each KV group is padding
+    r1 = load_model(path, weights="random", seed=1, tp_rank=1, tp_size=4)
+    r0 = load_model(path, weights="random", seed=1, tp_rank=0, tp_size=4)
+    hd = 16
+    assert r1.layers[0].wqkv.shape == ((2 + 2) * hd, 96)
+    assert r1.layers[0].wqkv[hd : 2 * hd].abs().sum() == 0 and r1.layers[0].wo[:, hd:].abs().sum() == 0
+    assert r1.layers[0].bqkv[hd : 2 * hd].abs().sum() == 0
+    assert r0.layers[0].wqkv[hd : 2 * hd].abs().sum() > 0
+    assert torch.equal(r0.embed, r1.embed) and torch.equal(r0.norm, r1.norm)  # replicated
+    assert not torch.equal(r0.lm_head, r1.lm_head)  # vocab-sharded
+
+
+def test_tied_embeddings_share_storage(make_checkpoint):
+    m = load_model(make_checkpoint("llama", tie_word_embeddings=True))
+    assert m.lm_head is m.embed
+    m2 = load_model(make_checkpoint("llama", tie_word_embeddings=True), tp_rank=1, tp_size=2)
+    assert torch.equal(m2.lm_head, m.embed[128:])
+
+
+def test_tokenizer(make_checkpoint):
+    assert load_tokenizer(make_checkpoint("llama")) is None
+    tok = load_tokenizer(make_checkpoint("llama", tokenizer=True))
+    ids = tok("hi there")["input_ids"]
+    assert tok.decode(ids) == "hi there" and max(ids) < 256
+
+
+def test_bad_input(tmp_path, make_checkpoint):
+    with pytest.raises(UserError, match="unknown model"):
+        load_model(tmp_path / "nope")
+    gpt2 = make_checkpoint("llama", model_type="gpt2")
+    with pytest.raises(UserError, match="gpt2"):
+        load_model(gpt2)
+    cfg_only = tmp_path / "cfg"
+    cfg_only.mkdir()
+    (cfg_only / "config.json").write_text((make_checkpoint("llama") / "config.json").read_text())
+    with pytest.raises(UserError, match="no safetensors"):
+        load_model(cfg_only)
+    with pytest.raises(UserError, match="weights must be"):
+        load_model(make_checkpoint("llama"), weights="zeros")
+    with pytest.raises(UserError, match="attention must be"):
+        load_model(make_checkpoint("llama"), attention="flash")
+    bad_rope = tmp_path / "rope"
+    bad_rope.mkdir()
+    cfg = json.loads((make_checkpoint("llama") / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
+                              "original_max_position_embeddings": 256}  # fmt: skip
+    (bad_rope / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="yarn"):
+        load_model(bad_rope, weights="random")
+
+
+def test_all_bundled_configs_build_specs():
+    """Every bundled config parses and shards at every TP degree the planner may ask for."""
+    from swiftspec.runtime.model import rope_inv_freq
+    from swiftspec.spec import bundled_models
+
+    for name, tp in itertools.product(bundled_models(), (1, 2, 3, 4, 8)):
+        spec = ModelSpec.from_config(name)
+        assert rope_inv_freq(spec).shape == (spec.head_dim // 2,)
+        for r in range(tp):
+            rank_slices(spec, tp, r)
