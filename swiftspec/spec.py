@@ -273,8 +273,14 @@ class Split:
         return set(self.target_gpus) == set(self.draft_gpus)
 
     @classmethod
-    def disaggregated(cls, draft_gpus: int, target_gpus: int) -> Split:
-        """Draft on GPUs 0..draft_gpus-1, target on the next target_gpus GPUs."""
+    def disaggregated(cls, draft_gpus: int, target_gpus: int, target_first: bool = False) -> Split:
+        """Draft on GPUs 0..draft_gpus-1 and the target on the next target_gpus GPUs, or the
+        target first when `target_first` (keeps a large target group inside one node)."""
+        if target_first:
+            return cls(
+                target_gpus=tuple(range(target_gpus)),
+                draft_gpus=tuple(range(target_gpus, target_gpus + draft_gpus)),
+            )
         return cls(
             target_gpus=tuple(range(draft_gpus, draft_gpus + target_gpus)),
             draft_gpus=tuple(range(draft_gpus)),
@@ -424,6 +430,19 @@ class SourceRef:
     @classmethod
     def from_dict(cls, d: dict) -> SourceRef:
         return cls(str(d["path"]), str(d["sha256"]), str(d["label"]))
+
+
+def read_json_object(path: Path, what: str, hint: str) -> dict:
+    """Read a JSON object from `path`; missing file, bad JSON or a non-object -> UserError."""
+    if not path.is_file():
+        raise UserError(f"{what} {path} not found: {hint}")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what} {path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(d, dict):
+        raise UserError(f"{what} {path} is malformed: expected a JSON object")
+    return d
 
 
 # --------------------------------------------------------------------------------------------
@@ -581,14 +600,7 @@ class AcceptanceProfile:
     @classmethod
     def load(cls, path: str | Path) -> AcceptanceProfile:
         p = Path(path)
-        if not p.is_file():
-            raise UserError(f"acceptance profile {p} not found")
-        try:
-            d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"acceptance profile {p} is not valid JSON ({e.msg}, line {e.lineno})") from None
-        if not isinstance(d, dict):
-            raise UserError(f"acceptance profile {p} is malformed: expected a JSON object")
+        d = read_json_object(p, "acceptance profile", hint="make one with `swiftspec profile acceptance`")
         return cls.from_dict(d, where=f"acceptance profile {p}")
 
 
@@ -702,14 +714,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         p = Path(path)
-        if not p.is_file():
-            raise UserError(f"plan {p} not found: make one with `swiftspec plan -o {p}`")
-        try:
-            d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"plan {p} is not valid JSON ({e.msg}, line {e.lineno})") from None
-        if not isinstance(d, dict):
-            raise UserError(f"plan {p} is malformed: expected a JSON object")
+        d = read_json_object(p, "plan", hint=f"make one with `swiftspec plan -o {p}`")
         return cls.from_dict(d, where=f"plan {p}")
 
 

@@ -101,3 +101,12 @@ def test_bad_space():
     inp.acceptance = bad
     with pytest.raises(UserError, match="w=4"):
         search(inp, SearchSpace(gpus=2, modes=(Mode.serial,), bs=8, w=4), WL)
+
+
+def test_async_split_keeps_the_target_inside_one_node():
+    from swiftspec.sim.search import _placed
+
+    s = _placed(draft=1, target=8, per_node=8)  # 9 GPUs: draft-first would straddle nodes
+    assert {g // 8 for g in s.target_gpus} == {0} and s.draft_gpus == (8,)
+    s = _placed(draft=4, target=4, per_node=8)  # one node: unchanged, draft first
+    assert s.draft_gpus == (0, 1, 2, 3)

@@ -187,10 +187,14 @@ def load_model(
     tp_size: int = 1,
     group: dist.ProcessGroup | None = None,
     seed: int = 0,
-    attention: str = "torch",
+    attention: str = "auto",
     num_layers: int | None = None,
 ) -> Transformer:
     """The model of one TP rank. `path_or_name`: checkpoint folder or bundled name (random only).
+
+    attention: "auto" = the Triton tree-attention kernel on CUDA (measured faster than masked
+    SDPA at every shape, benchmarks/results/kernels_*.json), the torch path on CPU; or "torch",
+    "ref", "triton".
 
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
     The returned model carries `model.weights` = "checkpoint" | "random" for labelling outputs.
@@ -209,6 +213,8 @@ def load_model(
         read, names = _checkpoint_reader(folder)
     else:
         read, names = _random_reader(spec, tp_rank, seed, torch.device(device), dtype), None
+    if attention == "auto":
+        attention = "triton" if torch.device(device).type == "cuda" else "torch"
     model = Transformer(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention
     )

@@ -206,7 +206,17 @@ def _splits(space: SearchSpace, mode: Mode) -> list[Split]:
     if mode is not Mode.async_:
         return [Split.shared(n)]
     drafts = (space.draft_gpus,) if space.draft_gpus else range(1, n)
-    return [Split.disaggregated(k, n - k) for k in drafts if 1 <= k < n]
+    return [_placed(k, n - k, space.per_node) for k in drafts if 1 <= k < n]
+
+
+def _placed(draft: int, target: int, per_node: int) -> Split:
+    """Draft-first or target-first placement, whichever spans fewer nodes (target group first:
+    its all-reduces are the most frequent cross-node traffic)."""
+    def nodes(gpus: tuple[int, ...]) -> int:
+        return len({g // per_node for g in gpus})
+
+    options = (Split.disaggregated(draft, target), Split.disaggregated(draft, target, target_first=True))
+    return min(options, key=lambda s: (nodes(s.target_gpus), nodes(s.draft_gpus)))
 
 
 class Planner:
@@ -249,7 +259,8 @@ class Planner:
 
     def simulate(self, c: Candidate, workload: Workload) -> SimResult:
         trajs = self.trajectories(c.mode, c.policy, workload)
-        return simulate_trajectories(self.costs(c.mode, c.split), c.mode, trajs, workload.prompt_len)
+        return simulate_trajectories(self.costs(c.mode, c.split), c.mode, trajs, workload.prompt_len,
+                                     workload.max_new_tokens)
 
     def fits(self, c: Candidate, gpus_capacity: int | None = None) -> bool:
         cap = gpus_capacity or self.lat.memory_bytes
