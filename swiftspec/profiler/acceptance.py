@@ -1,0 +1,246 @@
+"""`swiftspec profile acceptance`: how a real draft/target pair agrees, measured with our runtime.
+
+For every prompt:
+
+1. the target's greedy continuation comes from the runtime itself (`generate` in autoregressive
+   mode: the same `Transformer`, KV cache and verification code as every other mode);
+2. one teacher-forced draft forward over prompt + continuation gives the draft's next-token
+   distribution at every position of the target's path at once; the trace records, per position,
+   the rank of the target's token among the draft's `top_k` most likely tokens (-1 beyond) and
+   the draft's probability of it.
+
+Summaries (`AcceptanceProfile`): `positional[k]` = fraction of positions whose rank is k
+(Sequoia's positional acceptance vector), `draft_prob_by_rank[k]` = mean over positions of the
+draft's (k+1)-th largest probability, and `accepted["<mode>/<policy>"]` = the mean accepted
+length (tokens per verify, bonus included) that `generate` actually got in serial / chain mode on
+the first few prompts. Those runs also check losslessness: their output must equal the
+autoregressive continuation token for token (recorded in meta `lossless`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from swiftspec.files import run_metadata
+from swiftspec.profiler.prompts import encode, load_prompts
+from swiftspec.spec import AcceptanceProfile, Mode, TreePolicy, UserError, resolve_model_path
+
+DEFAULT_POLICIES = ("chain/bs5-w1-d4", "serial/bs8-w8-d4", "serial/bs16-w4-d6")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_POLICY_RE = re.compile(r"^(?:(?P<mode>[a-z]+)/)?bs(?P<bs>\d+)-w(?P<w>\d+)-d(?P<d>\d+)(?:-D(?P<D>\d+))?$")
+
+
+def parse_policy(text: str) -> tuple[Mode, TreePolicy]:
+    """`[mode/]bs8-w8-d4[-D6]` (TreePolicy.key, optionally after a mode) -> (mode, policy).
+
+    Without a mode: chain when w == 1 and bs == d + 1, else serial.
+    """
+    m = _POLICY_RE.match(text.strip())
+    if not m:
+        raise UserError(f"bad tree policy {text!r}: write it like serial/bs8-w8-d4 or chain/bs5-w1-d4")
+    policy = TreePolicy(bs=int(m["bs"]), w=int(m["w"]), d=int(m["d"]), max_depth=int(m["D"] or 0))
+    if m["mode"]:
+        mode = Mode.parse(m["mode"])
+    else:
+        mode = Mode.chain if policy.w == 1 and policy.bs == policy.d + 1 else Mode.serial
+    if mode not in (Mode.chain, Mode.serial):
+        raise UserError(f"tree policy {text!r}: acceptance runs use serial or chain mode, not {mode}")
+    policy.validate(mode)
+    return mode, policy
+
+
+@dataclass
+class PairTrace:
+    """One prompt's measurements. ranks/probs: (G,) along the target's continuation;
+    topk_probs: (G, top_k) the draft's sorted top-k probabilities at each position."""
+
+    prompt_id: str
+    prompt_ids: list[int]
+    continuation: list[int]
+    ranks: list[int]
+    probs: list[float]
+    topk_probs: np.ndarray
+
+
+@torch.no_grad()
+def draft_distribution_along(draft, ids: Sequence[int], start: int, chunk: int = 256) -> torch.Tensor:
+    """Teacher-forced draft forward over `ids`: float32 probabilities (len(ids) - start, vocab)
+    of the draft's next token after ids[:start + 1], ..., ids[:len(ids)] (causal, chunked)."""
+    from swiftspec.runtime.kv_cache import KVCache
+
+    dev = draft.device
+    n = len(ids)
+    cache = KVCache(draft.spec, draft.shard, n, dev, draft.dtype)
+    tokens = torch.tensor(list(ids), dtype=torch.long, device=dev)
+    rows = []
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        pos = torch.arange(s, e, device=dev)
+        mask = torch.ones(e - s, e - s, dtype=torch.bool, device=dev).tril()
+        logits = draft(tokens[s:e], pos, cache, pos, s, mask)
+        keep_from = max(start - s, 0)
+        if keep_from < e - s:
+            rows.append(logits[keep_from:].float())
+    return torch.softmax(torch.cat(rows), dim=-1)
+
+
+def ranks_of(probs: torch.Tensor, targets: Sequence[int], top_k: int) -> tuple[list[int], list[float], np.ndarray]:
+    """Rank (0-based, -1 beyond top_k) and probability of each target token under `probs` (G, V)."""
+    tgt = torch.tensor(list(targets), dtype=torch.long, device=probs.device)
+    top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+    hit = top.indices == tgt[:, None]
+    ranks = torch.where(hit.any(dim=-1), hit.float().argmax(dim=-1), torch.full_like(tgt, -1))
+    p = probs.gather(1, tgt[:, None])[:, 0]
+    return ranks.tolist(), p.tolist(), top.values.cpu().numpy()
+
+
+def summarize_traces(traces: Sequence[PairTrace], top_k: int) -> tuple[list[float], list[float]]:
+    """(positional, draft_prob_by_rank), both of length top_k (see the module docstring)."""
+    ranks = np.concatenate([np.asarray(t.ranks, dtype=np.int64) for t in traces]) if traces else np.zeros(0)
+    if ranks.size == 0:
+        raise UserError("no positions were measured: raise --max-new-tokens or give longer prompts")
+    positional = [float(np.mean(ranks == k)) for k in range(top_k)]
+    tops = np.concatenate([t.topk_probs for t in traces])
+    by_rank = tops.mean(axis=0).tolist()
+    by_rank += [0.0] * (top_k - len(by_rank))
+    return positional, [float(x) for x in by_rank]
+
+
+def _runner(model, slots: int, vocab_limit: int | None = None):
+    from swiftspec.runtime.decoder import ModelRunner
+
+    return ModelRunner(model, slots, vocab_limit=vocab_limit)
+
+
+def profile_acceptance(
+    target: str | Path,
+    draft: str | Path,
+    *,
+    prompts: str = "builtin",
+    num_prompts: int | None = 12,
+    max_new_tokens: int = 48,
+    top_k: int = 32,
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    accepted_prompts: int = 3,
+    device: str = "cpu",
+    dtype: str = "float32",
+    progress: bool = True,
+) -> AcceptanceProfile:
+    """Measure the pair on `prompts` (see the module docstring) -> an AcceptanceProfile."""
+    from swiftspec.runtime.generate import GenerateConfig, cache_slots, eos_ids_of, generate
+    from swiftspec.runtime.weights import load_model, load_tokenizer
+
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if top_k < 1:
+        raise UserError(f"--top-k must be >= 1, got {top_k}")
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {device!r}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
+    parsed = [parse_policy(p) for p in policies]
+    tfolder, dfolder = resolve_model_path(target), resolve_model_path(draft)
+    plist = load_prompts(prompts, limit=num_prompts)
+    tmodel = load_model(tfolder, device=device, dtype=DTYPES[dtype])
+    dmodel = load_model(dfolder, device=device, dtype=DTYPES[dtype])
+    tok = load_tokenizer(tfolder)
+    vocab = tmodel.spec.vocab
+    if dmodel.spec.vocab != vocab:
+        dtok = load_tokenizer(dfolder)
+        if tok is None or dtok is None or tok.get_vocab() != dtok.get_vocab():
+            raise UserError(
+                f"draft and target vocabularies differ ({dmodel.spec.vocab} vs {vocab} tokens): "
+                "acceptance needs a draft that shares the target's tokenizer"
+            )
+    vocab_limit = min(vocab, dmodel.spec.vocab)
+    eos = eos_ids_of(tfolder)
+    encoded = [(p.id, encode(p, tok, vocab_limit)) for p in plist]
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(encoded) + len(parsed) * min(accepted_prompts, len(encoded)), desc="acceptance",
+                   unit="run", dynamic_ncols=True)  # fmt: skip
+    t0 = time.perf_counter()
+    traces: list[PairTrace] = []
+    ar = TreePolicy.autoregressive()
+    for pid, ids in encoded:
+        res = generate(
+            _runner(tmodel, cache_slots(len(ids), max_new_tokens, ar, draft=False)), None, ids,
+            GenerateConfig(mode=Mode.autoregressive, policy=ar, max_new_tokens=max_new_tokens, eos_ids=eos),
+        )  # fmt: skip
+        cont = res.tokens
+        probs = draft_distribution_along(dmodel, ids + cont[:-1], start=len(ids) - 1)[:, :vocab_limit]
+        ranks, p, tops = ranks_of(probs, cont, top_k)
+        traces.append(PairTrace(pid, ids, cont, ranks, p, tops))
+        if bar is not None:
+            bar.update(1)
+
+    accepted: dict[str, float] = {}
+    lossless: dict[str, bool] = {}
+    for mode, policy in parsed:
+        key = f"{mode.value}/{policy.key}"
+        acc = its = 0
+        same = True
+        for tr in traces[:accepted_prompts]:
+            ids = tr.prompt_ids
+            res = generate(
+                _runner(tmodel, cache_slots(len(ids), max_new_tokens, policy, draft=False)),
+                _runner(dmodel, cache_slots(len(ids), max_new_tokens, policy, draft=True), vocab_limit),
+                ids,
+                GenerateConfig(mode=mode, policy=policy, max_new_tokens=max_new_tokens, eos_ids=eos),
+            )
+            acc += sum(r.accepted for r in res.records)
+            its += len(res.records)
+            same &= res.tokens == tr.continuation
+            if bar is not None:
+                bar.update(1)
+        if its:
+            accepted[key] = acc / its
+            lossless[key] = same
+    if bar is not None:
+        bar.close()
+
+    positional, by_rank = summarize_traces(traces, top_k)
+    recipe = dfolder / "swiftspec_draft.json"  # how a self-draft was made (real_models.py)
+    meta = run_metadata(device)
+    meta.update(
+        source="measured",
+        name=f"{tfolder.name}__{dfolder.name}",
+        target=str(tfolder),
+        draft=str(dfolder),
+        target_name=tfolder.name,
+        draft_name=dfolder.name,
+        draft_recipe=json.loads(recipe.read_text()) if recipe.exists() else None,
+        prompts=prompts,
+        prompt_ids=[t.prompt_id for t in traces],
+        max_new_tokens=max_new_tokens,
+        dtype=dtype,
+        positions=int(sum(len(t.ranks) for t in traces)),
+        top1_agreement=positional[0],
+        accepted_prompts=min(accepted_prompts, len(traces)),
+        lossless=lossless,
+        seconds=round(time.perf_counter() - t0, 1),
+    )
+    prof = AcceptanceProfile(
+        positional=positional,
+        draft_prob_by_rank=by_rank,
+        traces=[t.ranks for t in traces],
+        trace_probs=[[float(f"{x:.4g}") for x in t.probs] for t in traces],  # 4 significant digits: small files
+        top_k=top_k,
+        accepted=accepted,
+        meta=meta,
+    )
+    prof.validate("measured acceptance profile")
+    return prof
