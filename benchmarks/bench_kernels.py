@@ -7,7 +7,12 @@ Tree attention, bf16, batch 1, kv 1024/4096/16384 × queries 8/16/64/128 × head
 and (8/1, D 128): ours vs `scaled_dot_product_attention` with the same boolean mask, vs SDPA with
 no mask, vs the bytes floor (K + V of the live keys + q + out, over the device-to-device copy
 bandwidth measured in the same run). The tree region holds the T queries (a random tree, ancestor
-mask); prefix = kv − T. Then a num_splits sweep on a few shapes (to tune the heuristic), and
+mask); prefix = kv − T. Each shape runs four variants of ours: num_splits rule "model" (the
+fitted `SplitCostModel`, default) or "legacy" (the first heuristic) × combine "kernel" (one
+launch, last split merges; default, with a shared TreeAttentionWorkspace as the model should use)
+or "separate" (second combine launch: the 2026-12-02 code path). impl "triton" is the default
+(model + kernel) and is what the goal table judges; legacy + separate reproduces the committed
+numbers. Then a num_splits sweep (both combine modes) on a few shapes, a num_stages sweep, and
 kv_move on a Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens.
 
 Timing: each measured call is captured in a CUDA graph, once per buffer set; the graph rotates
@@ -37,6 +42,8 @@ import torch.nn.functional as F
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.kernels.kv_move import kv_move, kv_move_ref
 from swiftspec.kernels.tree_attention import (
+    SplitCostModel,
+    TreeAttentionWorkspace,
     ancestor_mask,
     choose_config,
     pack_tree_mask,
@@ -110,7 +117,16 @@ def attention_sets(t, hq, hkv, d, kv, dtype, device, n_sets, gen):
     return q, k, v, mask
 
 
-def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=()):
+# (impl, rule, combine); "triton" is the library default and the one the goals judge.
+VARIANTS = [
+    ("triton", "model", "kernel"),
+    ("triton_model_separate", "model", "separate"),
+    ("triton_legacy_kernel", "legacy", "kernel"),
+    ("triton_legacy_separate", "legacy", "separate"),
+]
+
+
+def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), stages_sweep=()):
     elem = torch.tensor([], dtype=dtype).element_size()
     set_bytes = 2 * hkv * kv * d * elem + 2 * t * hq * d * elem
     n_sets = max(1, min(256, math.ceil(ROTATE_BYTES / set_bytes))) if device == "cuda" else 1
@@ -120,33 +136,48 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=()):
     packed = pack_tree_mask(mask)
     scale = d**-0.5
     outs = torch.empty_like(q)
+    ws = TreeAttentionWorkspace(device)  # one per stream of calls, as the model would hold it
     rows = []
     base = {"kv": kv, "queries": t, "heads": f"{hq}/{hkv}", "head_dim": d, "dtype": str(dtype).split(".")[-1],
             "buffer_sets": n_sets}
     floor_us = set_bytes / bw * 1e6 if bw == bw else float("nan")
-    cfg = choose_config(t, hq, hkv, d, kv, elem, torch.cuda.get_device_properties(0).multi_processor_count
-                        if device == "cuda" else 132)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
+    cfg = choose_config(t, hq, hkv, d, kv, elem, num_sms)
+    legacy = choose_config(t, hq, hkv, d, kv, elem, num_sms, rule="legacy")
+    model = SplitCostModel()
 
-    # Correctness on the first set, against the contract (float32 softmax).
-    ours = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed)
     ref = tree_attention_ref(q[0], k[0], v[0], prefix, mask, scale)
-    err = float((ours.double() - ref.double()).norm() / ref.double().norm())
 
-    def ours_call(i, ns=None):
-        return lambda: tree_attention(q[i], k[i], v[i], pl, mask, scale, packed_mask=packed, num_splits=ns,
-                                      out=outs[i])
+    def err_of(**kw):  # correctness on the first set, against the contract (float32 softmax)
+        o = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed, workspace=ws, **kw)
+        return float((o.double() - ref.double()).norm() / ref.double().norm())
 
-    if splits_sweep:  # only the sweep: the heuristic's own row comes from the main grid
+    def ours_call(i, **kw):
+        return lambda: tree_attention(q[i], k[i], v[i], pl, mask, scale, packed_mask=packed, out=outs[i],
+                                      workspace=ws, **kw)
+
+    def predicted(ns):
+        return model.time_us(ns, t * (hq // hkv), hkv, d, kv, cfg.block_m, cfg.block_n, num_sms)
+
+    if splits_sweep or stages_sweep:  # only the sweeps: the rules' own rows come from the main grid
         for ns in splits_sweep:
-            o = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed, num_splits=ns)
-            e = float((o.double() - ref.double()).norm() / ref.double().norm())
-            us_s = time_calls([ours_call(i, ns) for i in range(n_sets)], device)
-            rows.append({**base, "impl": "triton_sweep", "num_splits": ns, "us": us_s, "floor_us": floor_us,
-                         "rel_err": e, "heuristic_splits": cfg.num_splits})
+            for combine in ("separate", "kernel"):
+                e = err_of(num_splits=ns, combine=combine)
+                us_s = time_calls([ours_call(i, num_splits=ns, combine=combine) for i in range(n_sets)], device)
+                rows.append({**base, "impl": "triton_sweep", "combine": combine, "num_splits": ns, "us": us_s,
+                             "floor_us": floor_us, "rel_err": e, "heuristic_splits": legacy.num_splits,
+                             "model_splits": cfg.num_splits, "model_us": predicted(ns)})
+        for st in stages_sweep:
+            e = err_of(num_stages=st)
+            us_s = time_calls([ours_call(i, num_stages=st) for i in range(n_sets)], device)
+            rows.append({**base, "impl": "triton_stages", "combine": "kernel", "num_splits": cfg.num_splits,
+                         "num_stages": st, "us": us_s, "floor_us": floor_us, "rel_err": e})
         return rows
-    us = time_calls([ours_call(i) for i in range(n_sets)], device)
-    rows.append({**base, "impl": "triton", "num_splits": cfg.num_splits, "us": us, "floor_us": floor_us,
-                 "rel_err": err})
+    for impl, rule, combine in VARIANTS:
+        ns = (cfg if rule == "model" else legacy).num_splits
+        us = time_calls([ours_call(i, rule=rule, combine=combine) for i in range(n_sets)], device)
+        rows.append({**base, "impl": impl, "rule": rule, "combine": combine, "num_splits": ns, "us": us,
+                     "floor_us": floor_us, "rel_err": err_of(rule=rule, combine=combine), "model_us": predicted(ns)})
 
     # SDPA layout: (1, H, T, D) queries, (1, Hkv, kv, D) keys; the full (T, kv) boolean mask.
     qs = q.permute(0, 2, 1, 3).contiguous()  # (sets, Hq, T, D)
@@ -238,11 +269,15 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16
     if args.quick:
         kvs, queries, heads, sweep = [96, 160], [8], [(4, 2, 64)], [(160, 8, (4, 2, 64), (1, 2))]
+        stages = [(160, 8, (4, 2, 64), (2, 3))]
         kv_shape = (2, 2, 128, 64)
     else:
         kvs, queries, heads = [1024, 4096, 16384], [8, 16, 64, 128], [(32, 8, 128), (8, 1, 128)]
         sweep = [(kv, 64, (32, 8, 128), (1, 2, 4, 8, 16, 32)) for kv in kvs]
-        sweep += [(kv, 8, (8, 1, 128), (1, 4, 16, 32, 64, 128)) for kv in (1024, 16384)]
+        sweep += [(kv, 8, (8, 1, 128), (1, 4, 8, 16, 32, 64)) for kv in (1024, 16384)]
+        # Per-key-block time is latency-bound (~1.7 µs, SplitCostModel): does deeper pipelining help?
+        stages = [(16384, 64, (32, 8, 128), (2, 3, 4)), (16384, 8, (8, 1, 128), (2, 3, 4)),
+                  (1024, 8, (8, 1, 128), (2, 3, 4))]
         kv_shape = (32, 8, 4096, 128)
     bw = copy_bandwidth(device)
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s" if bw == bw else "copy bandwidth: n/a (CPU)")
@@ -256,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sweep:
         for kv, t, (hq, hkv, d), splits in sweep:
             rows += bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=splits)
+        for kv, t, (hq, hkv, d), st in stages:
+            rows += bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, stages_sweep=st)
     layers, hkv, max_len, d = kv_shape
     rows += bench_kv_move(layers, hkv, max_len, d, 8, dtype, device, bw, gen)
     df = pd.DataFrame(rows)
@@ -272,25 +309,45 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(out / f"kernels_{stamp}.json", json.dumps(payload, indent=1))
     atomic_write_text(out / f"kernels_{stamp}.csv", df.to_csv(index=False))
 
-    # Compact table: one line per attention shape, then the sweep and kv_move.
+    # Compact tables: the four variants per shape, the sweeps, kv_move, then the goal table.
+    key = ["heads", "kv", "queries"]
     main_rows = df[df.impl.isin(["triton", "sdpa_mask", "sdpa_nomask"])]
-    wide = main_rows.pivot_table(index=["heads", "kv", "queries"], columns="impl", values="us", aggfunc="first")
-    floor = df[df.impl == "triton"].set_index(["heads", "kv", "queries"])
-    wide["splits"] = floor.num_splits
-    wide["floor"] = floor.floor_us
-    wide["err"] = floor.rel_err
-    wide["goal"] = tri.set_index(["heads", "kv", "queries"]).goal_met.map({True: "met", False: "MISSED"}).fillna("n/a")
-    pd.set_option("display.width", 160)
+    wide = main_rows.pivot_table(index=key, columns="impl", values="us", aggfunc="first")
+    ours = df[df.impl == "triton"].set_index(key)
+    wide["splits"] = ours.num_splits
+    wide["floor"] = ours.floor_us
+    wide["err"] = ours.rel_err
+    wide["goal_us"] = tri.set_index(key).goal_us
+    wide["goal"] = tri.set_index(key).goal_met.map({True: "met", False: "MISSED"}).fillna("n/a")
+    var = df[df.impl.isin([v[0] for v in VARIANTS])]
+    cmp_us = var.pivot_table(index=key, columns="impl", values="us", aggfunc="first")
+    cmp_us.columns = [c.replace("triton_", "").replace("triton", "model_kernel") for c in cmp_us.columns]
+    cmp_us["splits_model"] = df[df.impl == "triton"].set_index(key).num_splits
+    cmp_us["splits_legacy"] = df[df.impl == "triton_legacy_separate"].set_index(key).num_splits
+    cmp_us["predicted_model_sep"] = df[df.impl == "triton_model_separate"].set_index(key).model_us
+    cmp_us["worst_err"] = var.groupby(key).rel_err.max()
+    pd.set_option("display.width", 200)
     pd.set_option("display.max_rows", 200)
+    pd.set_option("display.max_columns", 30)
     print(f"\nwrote {out / f'kernels_{stamp}.json'} and .csv ({elapsed:.0f} s)")
     sw = df[df.impl == "triton_sweep"]
     if len(sw):
-        print("\nnum_splits sweep (µs):")
-        print(sw.pivot_table(index=["heads", "kv", "queries"], columns="num_splits", values="us").round(1).to_string())
+        print("\nnum_splits sweep (µs; rows: combine mode; model_splits = the model rule's pick):")
+        print(sw.pivot_table(index=key + ["model_splits", "combine"], columns="num_splits", values="us")
+              .round(1).to_string())
+    st = df[df.impl == "triton_stages"]
+    if len(st):
+        print("\nnum_stages sweep (µs, model splits, in-kernel combine):")
+        print(st.pivot_table(index=key + ["num_splits"], columns="num_stages", values="us").round(1).to_string())
     print("\nkv_move (8 tokens, µs):")
     print(df[df.impl.str.startswith("kv_move")][["impl", "heads", "us", "floor_us", "rel_err"]].round(2).to_string(index=False))
-    print("\ntree attention, bf16, batch 1 (µs; floor = bytes / measured copy bandwidth):")
-    print(wide.round({"triton": 1, "sdpa_mask": 1, "sdpa_nomask": 1, "floor": 2, "err": 4}).to_string())
+    print("\nold vs new (µs): num_splits rule legacy|model x combine separate|kernel; legacy_separate = 2026-12-02 path:")
+    print(cmp_us.round(1).to_string())
+    print("\ntree attention, bf16, batch 1 (µs; ours = model rule + in-kernel combine; floor = bytes / measured copy bw):")
+    print(wide.round({"triton": 1, "sdpa_mask": 1, "sdpa_nomask": 1, "floor": 2, "err": 4, "goal_us": 1}).to_string())
+    met = tri.goal_met.dropna()
+    print(f"\ngoals met: {int(met.sum())} of {len(met)} shapes (≤ 2× floor + 5 µs; ≤ 10 µs 8/1 kv 1024 8–64 q; "
+          "≤ 35 µs 32/8 kv 16384 64 q)")
     return 0
 
 

@@ -299,7 +299,8 @@ def profile_group() -> None:
 @click.option("--host/--no-host", default=True, show_default=True, help="Also measure host work per iteration.")
 @click.option("--alias/--no-alias", default=True, show_default=True,
               help="Copy rows to models whose shapes equal an earlier model's instead of re-timing.")
-@click.option("--attention", default="torch", show_default=True, help="torch (SDPA, the runtime's default) | triton.")
+@click.option("--attention", default="auto", show_default=True,
+              help="auto (the runtime's default: triton on CUDA, torch on CPU) | torch (SDPA) | triton.")
 @click.option("--time-budget", type=float, default=None, help="Seconds; then stop and write what was measured.")
 def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
                         time_budget) -> None:  # fmt: skip
@@ -451,3 +452,72 @@ def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weig
         click.echo(f"run log: {out_dir} (iterations.jsonl, prompts.jsonl, summary.json)")
 
 # ---- study / validate (studies/) -----------------------------------------------------------
+
+
+@cli.command("study")
+@click.argument("name", required=False)
+@click.option("-i", "--input", "inputs", multiple=True,
+              help="Input file or folder (repeatable; what each study takes: --list) [default: bundled/committed data].")
+@click.option("-o", "--output", "out_dir", default="figures", show_default=True, help="Folder for NAME.png and NAME.svg.")
+@click.option("--list", "list_", is_flag=True, help="List the studies with one-line descriptions.")
+def study_cmd(name, inputs, out_dir, list_) -> None:
+    """Draw figure NAME as PNG and SVG (studies in swiftspec/studies/, see studies/README.md)."""
+    from swiftspec.studies import list_studies, run_study
+
+    if list_ or not name:
+        if not list_:
+            raise UserError("give a study NAME (see `swiftspec study --list`)")
+        for n, desc in list_studies():
+            click.echo(f"{n:16s} {desc}")
+        return
+    out = run_study(name, inputs, out_dir, progress=_progress(False))
+    for line in out.notes:
+        click.echo(f"note: {line}", err=True)
+    for p in out.paths:
+        click.echo(f"wrote {p}")
+    click.echo(f"regenerate: {out.command} -o {out_dir}")
+
+
+def _pairs(text: str | None) -> list[tuple[str, str]] | None:
+    if not text:
+        return None
+    out = []
+    for item in text.split(","):
+        t, sep, d = item.strip().partition(":")
+        if not sep or not t or not d:
+            raise UserError(f"--pairs takes TARGET:DRAFT,... (got {item!r})")
+        out.append((t, d))
+    return out
+
+
+@cli.command("validate")
+@click.option("--gpus", type=int, default=1, show_default=True, help="Devices (1: autoregressive, chain, serial).")
+@click.option("--configs", type=int, default=None, help="Run only the first N configurations [default: all, >= 20 on cuda].")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None, help="[default: cuda when available].")
+@click.option("--profile", "profile_dir", default=None,
+              help="Profile folder [default on cuda: bundled h200-measured, else the derived one; cpu: required].")
+@click.option("--acceptance", default=None, help="Acceptance profile JSON to replay [default: smollm2-135m__int3g32].")
+@click.option("--pairs", default=None, help="TARGET:DRAFT,... [default on cuda: Llama-3-8B:Llama-3.2-1B,"
+              "Llama-3.2-3B:Llama-3.2-1B,Llama-3.2-1B:Llama-3.2-1B].")
+@click.option("--weights", type=click.Choice(["random", "checkpoint"]), default="random", show_default=True)
+@click.option("--prompts", type=int, default=3, show_default=True, help="Builtin prompts per configuration.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--calibrate-host/--no-calibrate-host", default=True, show_default=True,
+              help="Measure host work per forward / per token first (tiny model) and use it in the predictions.")
+@click.option("-o", "--output", "out_dir", default=None, help="Write report.csv, report.json, host.csv here.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights, prompts, max_new_tokens, calibrate_host,
+                 out_dir, seed) -> None:  # fmt: skip
+    """Predict configurations from a profile, then run them in one process: predicted vs measured."""
+    import torch
+
+    from swiftspec.validate import format_report, validate
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rep = validate(gpus=gpus, device=device, configs=configs, pairs=_pairs(pairs), profile=profile_dir,
+                   acceptance=acceptance, weights=weights, prompts=prompts, max_new_tokens=max_new_tokens,
+                   calibrate=calibrate_host, seed=seed, log=lambda s: click.echo(s, err=True))  # fmt: skip
+    click.echo(format_report(rep))
+    if out_dir:
+        rep.write(out_dir)
+        click.echo(f"wrote {out_dir}/report.csv, report.json")

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import zlib
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from swiftspec.kernels.tree_attention import (
+    SplitCostModel,
+    TreeAttentionWorkspace,
     ancestor_mask,
     choose_config,
     pack_tree_mask,
@@ -66,14 +70,14 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
-def run_case(t, hq, hkv, d, max_len, prefix, mask, dtype, num_splits, gen, prefix_as_tensor=True):
+def run_case(t, hq, hkv, d, max_len, prefix, mask, dtype, num_splits, gen, prefix_as_tensor=True, **kw):
     q = torch.randn((t, hq, d), generator=gen).to(dtype).to(DEVICE)
     k = torch.randn((hkv, max_len, d), generator=gen).to(dtype).to(DEVICE)
     v = torch.randn((hkv, max_len, d), generator=gen).to(dtype).to(DEVICE)
     mask = mask.to(DEVICE)
     pl = torch.tensor(prefix, device=DEVICE) if prefix_as_tensor else prefix
     out = torch.full_like(q, float("nan"))
-    res = tree_attention(q, k, v, pl, mask, d**-0.5, num_splits=num_splits, out=out)
+    res = tree_attention(q, k, v, pl, mask, d**-0.5, num_splits=num_splits, out=out, **kw)
     ref = tree_attention_ref(q, k, v, prefix, mask, d**-0.5)
     assert res is out
     assert not torch.isnan(out).any(), "some output element was not written"
@@ -95,12 +99,13 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("combine", ["kernel", "separate"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-T{c[1]}-N{c[2]}-{c[3]}/{c[4]}-D{c[5]}-p{c[7]}" for c in CASES])
-def test_tree_attention_matches_reference(case, dtype):
+def test_tree_attention_matches_reference(case, dtype, combine):
     kind, t, n, hq, hkv, d, max_len, prefix, splits = case
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
-    run_case(t, hq, hkv, d, max_len, prefix, tree_case(kind, t, n, gen), dtype, splits, gen)
+    run_case(t, hq, hkv, d, max_len, prefix, tree_case(kind, t, n, gen), dtype, splits, gen, combine=combine)
 
 
 def test_many_queries_and_int_prefix():
@@ -178,14 +183,126 @@ def test_ancestor_mask_matches_bruteforce(n):
     assert torch.equal(ancestor_mask(parents).cpu(), ancestor_mask_bruteforce(parents))
 
 
-def test_choose_config_heuristic():
-    # 70B TP-8 shard decode (8/1 heads, 1 query): one row tile, so split the keys widely.
-    c = choose_config(1, 8, 1, 128, 16384, 2, 132)
+# ------------------------------------------------------------------------ in-kernel combine
+
+# (T, Hq, Hkv, D, max_len, prefix, N, num_splits, block_n): the active splits are
+# ceil(n_keys / chunk) with chunk = max(BLOCK_N, roundup(ceil(n_keys / S), BLOCK_N)).
+COMBINE_CASES = [
+    (2, 4, 1, 32, 1024, 1020, 4, 64, 16),  # 64 splits, all active: merge over 64 partials
+    (3, 4, 2, 32, 560, 540, 3, 64, 16),  # 35 of 64 active (odd count: the pair loop's tail)
+    (5, 4, 2, 32, 512, 0, 5, 8, 16),  # prefix 0: one active split (direct write, no counter)
+    (4, 4, 2, 32, 512, 20, 6, 8, 16),  # 26 keys: 2 of 8 active, 6 empty splits
+    (4, 2, 2, 32, 512, 41, 4, 5, 16),  # 45 keys: 3 of 5 active; SPLITS_P2 = 8 > 5
+    (33, 8, 2, 32, 300, 100, 40, 7, 32),  # 132 rows: 3 row tiles × 2 kv heads, 7 splits
+]
+
+
+@pytest.mark.parametrize("case", COMBINE_CASES, ids=[f"T{c[0]}-{c[1]}/{c[2]}-L{c[4]}-p{c[5]}-S{c[7]}" for c in COMBINE_CASES])
+def test_in_kernel_combine_matches_reference_and_separate(case):
+    """float32 (bf16/fp16 run the in-kernel combine in the main matrix above)."""
+    dtype = torch.float32
+    t, hq, hkv, d, max_len, prefix, n, splits, bn = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    mask = tree_case("padded", t, n, gen) if n > t else tree_case("verify", t, t, gen)
+    ws = TreeAttentionWorkspace(DEVICE, capacity=8)
+    out_k, ref = run_case(t, hq, hkv, d, max_len, prefix, mask, dtype, splits, gen, block_n=bn, workspace=ws)
+    assert int(ws.counters.abs().sum()) == 0, "counters not reset"
+    q, k, v = (torch.randn(s, generator=gen).to(dtype).to(DEVICE) for s in ((t, hq, d), (hkv, max_len, d), (hkv, max_len, d)))
+    a = tree_attention(q, k, v, prefix, mask.to(DEVICE), 0.3, num_splits=splits, block_n=bn, combine="kernel")
+    b = tree_attention(q, k, v, prefix, mask.to(DEVICE), 0.3, num_splits=splits, block_n=bn, combine="separate")
+    ref = tree_attention_ref(q, k, v, prefix, mask.to(DEVICE), 0.3)
+    assert rel_err(a, ref) < TOL[dtype] and rel_err(b, ref) < TOL[dtype]
+    assert rel_err(a, b) < 1e-5  # same partials, different merge order: agree to rounding
+
+
+def test_workspace_counters_reset_across_repeated_calls():
+    """One workspace, many calls (what the layers of a step and graph replays do): the prefix moves so
+    the active split count goes 1 -> 2 -> all -> 1, two different grids share the counters, and
+    every call leaves them at zero; a grid larger than the capacity grows the buffer."""
+    gen = torch.Generator().manual_seed(21)
+    d, max_len = 32, 512
+    ws = TreeAttentionWorkspace(DEVICE, capacity=2)
+    shapes = [(4, 4, 2), (9, 8, 2)]  # (T, Hq, Hkv): 1 and 3 row tiles of 16 per kv head
+    bufs = []
+    for t, hq, hkv in shapes:
+        q = torch.randn((t, hq, d), generator=gen).to(DEVICE)
+        k = torch.randn((hkv, max_len, d), generator=gen).to(DEVICE)
+        v = torch.randn((hkv, max_len, d), generator=gen).to(DEVICE)
+        mask = tree_case("padded", t, 16, gen).to(DEVICE)
+        bufs.append((q, k, v, mask, pack_tree_mask(mask), torch.empty_like(q)))
+    pl = torch.zeros((), dtype=torch.int32, device=DEVICE)
+    for prefix in (3, 20, 490, 200, 0, 496):
+        pl.fill_(prefix)
+        for q, k, v, mask, packed, out in bufs:
+            out.fill_(float("nan"))
+            tree_attention(q, k, v, pl, mask, 0.2, num_splits=6, block_n=16, block_m=16, packed_mask=packed, out=out,
+                           workspace=ws)
+            assert int(ws.counters.abs().sum()) == 0
+            assert rel_err(out, tree_attention_ref(q, k, v, prefix, mask, 0.2)) < 1e-5
+    assert ws.counters.numel() >= 4 and len(ws._retired) >= 1  # grew from 2; the old buffer is kept alive
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("combine", ["kernel", "separate"])
+def test_no_keys_at_all_is_nan(combine):
+    """prefix 0 and an empty tree region (N = 0): every row is NaN, as in the reference."""
+    q = torch.randn((3, 2, 32), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    k = torch.randn((1, 64, 32)).to(DEVICE)
+    mask = torch.zeros((3, 0), dtype=torch.bool, device=DEVICE)
+    out = tree_attention(q, k, k, 0, mask, 0.2, num_splits=4, combine=combine)
+    assert torch.isnan(out).all() and torch.isnan(tree_attention_ref(q, k, k, 0, mask, 0.2)).all()
+
+
+def test_bad_combine_mode():
+    q = torch.randn((1, 2, 32)).to(DEVICE)
+    k = torch.randn((1, 64, 32)).to(DEVICE)
+    with pytest.raises(ValueError, match="combine"):
+        tree_attention(q, k, k, 5, torch.ones((1, 1), dtype=torch.bool, device=DEVICE), 0.2, combine="atomic")
+
+
+# ------------------------------------------------------------------------------ num_splits rule
+
+SWEEP_CSV = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "kernels_2026-12-02.csv"
+
+
+def test_choose_config_rules():
+    # The two shapes the legacy heuristic over-split (KERNELS.md): the model picks the sweep's best.
+    assert choose_config(64, 32, 8, 128, 16384, 2, 132).num_splits == 4
+    assert choose_config(8, 8, 1, 128, 16384, 2, 132).num_splits == 32
+    assert choose_config(64, 32, 8, 128, 16384, 2, 132, rule="legacy").num_splits == 9
+    assert choose_config(8, 8, 1, 128, 16384, 2, 132, rule="legacy").num_splits == 64
+    c = choose_config(1, 8, 1, 128, 16384, 2, 132, rule="legacy")  # 70B TP-8 decode
     assert c.block_m == 16 and c.num_splits == 64
-    # Llama-3-8B 64-token verify at kv 1024: 32 row tiles already; splits limited by partial bytes.
-    c = choose_config(64, 32, 8, 128, 1024, 2, 132)
-    assert c.block_m == 64 and 1 <= c.num_splits <= 9
     assert choose_config(8, 8, 1, 128, 64, 2, 132).num_splits == 1  # one key block: no split
+    assert choose_config(8, 8, 1, 128, 16384, 2, 132, num_splits=5).num_splits == 5  # override wins
+    with pytest.raises(ValueError, match="rule"):
+        choose_config(8, 8, 1, 128, 1024, 2, rule="fast")
+
+
+def test_split_model_reproduces_committed_sweep():
+    """For each swept shape, the model's choice among the measured num_splits is within 5 % of the
+    fastest measured time, and it beats the legacy heuristic's choice wherever that was measured."""
+    df = pd.read_csv(SWEEP_CSV)
+    sweep = df[df.impl == "triton_sweep"]
+    model = SplitCostModel()
+    assert sweep.groupby(["heads", "kv", "queries"]).ngroups == 5
+    for (heads, kv, t), g in sweep.groupby(["heads", "kv", "queries"]):
+        hq, hkv = map(int, heads.split("/"))
+        measured = g.set_index("num_splits").us
+        cfg = choose_config(t, hq, hkv, 128, kv, 2, 132, num_splits=1)  # tile sizes only
+        pick = model.best_splits(t * hq // hkv, hkv, 128, kv, cfg.block_m, cfg.block_n, 132,
+                                 candidates=tuple(int(s) for s in measured.index))
+        assert measured[pick] <= 1.05 * measured.min(), (heads, kv, t, pick, measured.to_dict())
+        legacy = int(g.heuristic_splits.iloc[0])
+        if legacy in measured.index:
+            assert measured[pick] <= measured[legacy]
+    # The model tracks every measured Triton row (grid and sweep) within 25 %.
+    tri = df[df.impl.isin(["triton", "triton_sweep"])]
+    for r in tri.itertuples():
+        hq, hkv = map(int, r.heads.split("/"))
+        cfg = choose_config(r.queries, hq, hkv, 128, r.kv, 2, 132, num_splits=1)
+        pred = model.time_us(int(r.num_splits), r.queries * hq // hkv, hkv, 128, r.kv, cfg.block_m, cfg.block_n)
+        assert abs(pred - r.us) <= 0.25 * r.us, (r, pred)
 
 
 # ------------------------------------------------------------------------------------- GPU only
@@ -223,11 +340,13 @@ def test_gpu_cuda_graph_replay_reads_prefix_from_device():
     pl = torch.tensor(100, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
     packed = pack_tree_mask(mask)
-    tree_attention(q, k, v, pl, mask, d**-0.5, packed_mask=packed, out=out)  # compile outside capture
+    ws = TreeAttentionWorkspace("cuda")
+    tree_attention(q, k, v, pl, mask, d**-0.5, packed_mask=packed, out=out, workspace=ws)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        tree_attention(q, k, v, pl, mask, d**-0.5, packed_mask=packed, out=out)
-    for prefix in (100, 5000, 8000, 0):
+        for _ in range(3):  # three layers sharing one workspace inside one graph
+            tree_attention(q, k, v, pl, mask, d**-0.5, packed_mask=packed, out=out, workspace=ws)
+    for prefix in (100, 5000, 8000, 0, 7000, 7000, 30):
         pl.fill_(prefix)
         out.fill_(float("nan"))
         graph.replay()
@@ -235,3 +354,25 @@ def test_gpu_cuda_graph_replay_reads_prefix_from_device():
         ref = tree_attention_ref(q, k, v, prefix, mask, d**-0.5)
         assert not torch.isnan(out).any()
         assert rel_err(out, ref) < 2e-2
+        assert int(ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("splits", [2, 16, 64])
+def test_gpu_in_kernel_combine_stress(splits):
+    """Many launches of the in-kernel combine (real concurrency: programs on different SMs race to
+    the counter) must all equal the two-launch combine up to float32 rounding."""
+    gen = torch.Generator().manual_seed(splits)
+    t, hq, hkv, d, max_len = 64, 32, 8, 128, 8192
+    q = torch.randn((t, hq, d), generator=gen).bfloat16().cuda()
+    k = torch.randn((hkv, max_len, d), generator=gen).bfloat16().cuda()
+    v = torch.randn((hkv, max_len, d), generator=gen).bfloat16().cuda()
+    mask = tree_case("verify", t, t, gen).cuda()
+    ws = TreeAttentionWorkspace("cuda")
+    for prefix in (8000, 3000, 64, 0):
+        ref = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits, combine="separate").float()
+        for _ in range(50):
+            out = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits, workspace=ws)
+            assert (out.float() - ref).abs().max() <= 1e-2 * ref.abs().max()
+        assert int(ws.counters.abs().sum()) == 0

@@ -14,8 +14,29 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
   third grid axis of `num_splits` programs. The grid is fixed (CUDA-graph friendly); the split
   size is computed *in the kernel* from the device-resident prefix_len, so the work is spread
   evenly over the splits whatever the prefix is, and splits past the end do nothing. Each split
-  writes its partial (running max, sum, unnormalised accumulator) in float32; a second tiny kernel
-  merges them (log-sum-exp combine). With one split the first kernel writes the output itself.
+  writes its partial (running max, sum, unnormalised accumulator) in float32, and the partials are
+  merged (log-sum-exp combine) either in the same launch (combine="kernel", default: the last
+  split to finish merges, see below) or by a second small kernel (combine="separate"). With one
+  split (or one *active* split for this prefix, in-kernel mode) the kernel writes the output itself.
+  num_splits comes from a time model fitted to the measured H200 sweep (`SplitCostModel`).
+* **In-kernel combine: memory ordering.** Per (row tile, KV head) an int32 counter, zero on
+  entry. An active split (1) stores its partial (all threads), (2) `tl.debug_barrier()` (bar.sync:
+  those stores are performed with respect to every thread of the CTA), (3) one thread does
+  `atomic_add(counter, 1, sem="acq_rel", scope="gpu")`; Triton broadcasts the old value to the
+  CTA through shared memory behind a second bar.sync. The release half of (3) orders the
+  CTA's partial stores (ordered before it by the barrier: causality order is transitive
+  through bar.sync) before the increment; the atomics on one address are totally ordered, so the
+  program that reads n_active - 1 comes after every other increment, and the acquire half of its
+  atomic, followed by the broadcast barrier, orders all its threads' later loads after every
+  split's stores. It reads the partials with .cg (L2) loads, which also rules out a stale L1 line,
+  then resets the counter (an atomic exchange); no other program touches that counter again in
+  the launch, and the next launch (next layer, next graph replay) starts after this one ends, so
+  the counters are zero again on entry. Inactive splits (no keys for this prefix) do not count:
+  every program computes the same n_active from the same device-resident prefix. This is the
+  CUDA "last block" reduction pattern (threadfence + atomicInc) with the fence folded into the
+  atomic's semantics. The interpreter runs programs one after another, so CPU tests check the
+  arithmetic and the counter reset, not the ordering; `test_gpu_in_kernel_combine_stress` does
+  the latter on a GPU.
 * **Mask.** `pack_tree_mask` bit-packs the (T, N) bool mask into (T, ceil(N/32)) int32 words on
   the GPU in one launch (do it once per step and pass `packed_mask=` to every layer). Key blocks
   that lie wholly inside the prefix take a loop with no mask at all; only the blocks that touch
@@ -35,6 +56,7 @@ autotuning inside CUDA-graph capture is slow and picks per-shape configs the gra
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -119,14 +141,21 @@ def pack_tree_mask_ref(tree_mask: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _tree_attn_kernel(
-    Q, K, V, PREFIX, MASKW, OUT, PART_ML, PART_ACC,
+    Q, K, V, PREFIX, MASKW, OUT, PART_ML, PART_ACC, COUNTERS,
     scale_log2, T, N, MAX_LEN, NUM_SPLITS,
     stride_qt, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
     stride_mt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+    IN_KERNEL_COMBINE: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
-    """Program (row tile, kv head, split): attention of BLOCK_M rows over one split of the keys."""
+    """Program (row tile, kv head, split): attention of BLOCK_M rows over one split of the keys.
+
+    IN_KERNEL_COMBINE (with SPLIT): the last split to finish for its (row tile, kv head) merges all
+    splits' partials and writes the output; COUNTERS[pid_m * Hkv + kvh] (int32, zero on entry)
+    counts arrivals and is reset to zero by that last split. Memory-ordering argument in
+    `tree_attention`'s module docstring ("In-kernel combine").
+    """
     pid_m = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -222,19 +251,90 @@ def _tree_attn_kernel(
         m_i = m_new
 
     if not SPLIT:
-        # 0/0 = NaN for a real row with no key, as in the reference; padding rows divide by 1.
-        out = acc / tl.where(row_ok, l_i, 1.0)[:, None]
-        tl.store(
-            OUT + t_of_row[:, None] * stride_ot + head_of_row[:, None] * stride_oh + offs_d[None, :],
-            out.to(OUT.dtype.element_ty), mask=row_ok[:, None],
-        )
-    else:
+        _store_out(OUT, acc, l_i, t_of_row, head_of_row, offs_d, row_ok, stride_ot, stride_oh)
+    elif not IN_KERNEL_COMBINE:
         # The combine kernel never reads inactive splits (lo >= hi): skip their stores.
         keep = row_ok & (offs_m * 0 + lo < hi)
         part_row = (split * hkv + kvh) * rows_total + offs_m
         tl.store(PART_ML + part_row * 2, m_i, mask=keep)
         tl.store(PART_ML + part_row * 2 + 1, l_i, mask=keep)
         tl.store(PART_ACC + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=keep[:, None])
+    else:
+        # Splits [0, n_active) have keys (lo < hi); n_active >= 1 so that with no key at all
+        # (n_keys = 0) split 0 still writes the NaN rows of the contract.
+        n_active = tl.maximum(tl.cdiv(n_keys, chunk), 1)
+        if n_active == 1:
+            if split == 0:  # the only split saw every key: write the output, no scratch, no counter
+                _store_out(OUT, acc, l_i, t_of_row, head_of_row, offs_d, row_ok, stride_ot, stride_oh)
+        else:
+            if split < n_active:
+                part_row = (split * hkv + kvh) * rows_total + offs_m
+                tl.store(PART_ML + part_row * 2, m_i, mask=row_ok)
+                tl.store(PART_ML + part_row * 2 + 1, l_i, mask=row_ok)
+                tl.store(PART_ACC + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+                # bar.sync: every thread's partial stores are performed (CTA scope) before the one
+                # thread that runs the scalar atomic releases them at GPU scope.
+                tl.debug_barrier()
+                cnt = COUNTERS + pid_m * hkv + kvh
+                # acq_rel at gpu scope: releases this split's partials; for the last arrival,
+                # acquires every earlier split's (each released before its own increment).
+                arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+                if arrived == n_active - 1:
+                    _merge_splits(
+                        PART_ML, PART_ACC, OUT, n_active, kvh, hkv, rows_total, offs_m, row_ok,
+                        t_of_row, head_of_row, offs_d, stride_ot, stride_oh,
+                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_P2=SPLITS_P2,
+                    )
+                    # Every active split has arrived: nobody touches the counter again in this
+                    # launch, so zero it for the next call / graph replay.
+                    tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _store_out(OUT, acc, l_i, t_of_row, head_of_row, offs_d, row_ok, stride_ot, stride_oh):
+    """out = acc / l for the real rows. 0/0 = NaN for a real row with no key, as in the reference;
+    padding rows divide by 1 and are not stored."""
+    out = acc / tl.where(row_ok, l_i, 1.0)[:, None]
+    tl.store(
+        OUT + t_of_row[:, None] * stride_ot + head_of_row[:, None] * stride_oh + offs_d[None, :],
+        out.to(OUT.dtype.element_ty), mask=row_ok[:, None],
+    )
+
+
+@triton.jit
+def _merge_splits(
+    PART_ML, PART_ACC, OUT, n_active, kvh, hkv, rows_total, offs_m, row_ok,
+    t_of_row, head_of_row, offs_d, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_P2: tl.constexpr,
+):
+    """Log-sum-exp merge of the partials of splits [0, n_active) of one (row tile, kv head).
+
+    Two passes so that the big loads do not wait on each other: (1) every split's (m, l) in one
+    (SPLITS_P2, BLOCK_M) load gives the global max and the total weight; (2) the accumulators,
+    two splits per iteration, each weighted by exp2(m_s - max). Partials are read with .cg (L2,
+    not the SM's L1): they were written by other SMs during this launch.
+    """
+    s_idx = tl.arange(0, SPLITS_P2)
+    ml_row = (s_idx[:, None] * hkv + kvh) * rows_total + offs_m[None, :]
+    ok = (s_idx < n_active)[:, None] & row_ok[None, :]
+    m_all = tl.load(PART_ML + ml_row * 2, mask=ok, other=-1.0e30, cache_modifier=".cg")
+    l_all = tl.load(PART_ML + ml_row * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+    m_max = tl.max(m_all, 0)
+    l_tot = tl.sum(l_all * tl.exp2(m_all - m_max[None, :]), 0)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    step = hkv * rows_total  # rows between split s and split s + 1
+    for s in range(0, n_active, 2):
+        r0 = (s * hkv + kvh) * rows_total + offs_m
+        r1 = r0 + step
+        ok1 = row_ok & (offs_m * 0 + s + 1 < n_active)  # vector form: the interpreter rejects a scalar mask
+        a0 = tl.load(PART_ACC + r0[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                     cache_modifier=".cg")
+        a1 = tl.load(PART_ACC + r1[:, None] * HEAD_DIM + offs_d[None, :], mask=ok1[:, None], other=0.0,
+                     cache_modifier=".cg")
+        m0 = tl.load(PART_ML + r0 * 2, mask=row_ok, other=-1.0e30, cache_modifier=".cg")
+        m1 = tl.load(PART_ML + r1 * 2, mask=ok1, other=-1.0e30, cache_modifier=".cg")
+        acc += a0 * tl.exp2(m0 - m_max)[:, None] + a1 * tl.exp2(m1 - m_max)[:, None]
+    _store_out(OUT, acc, l_tot, t_of_row, head_of_row, offs_d, row_ok, stride_ot, stride_oh)
 
 
 @triton.jit
@@ -283,7 +383,7 @@ class TreeAttentionConfig:
     """Launch shape of one tree-attention call (all derived from tensor shapes, never from data).
 
     block_m: rows (query × group) per program; block_n: keys per iteration; num_splits: programs
-    along the key axis (1 = no combine kernel).
+    along the key axis (1 = no partials, no combine).
     """
 
     block_m: int
@@ -291,6 +391,76 @@ class TreeAttentionConfig:
     num_splits: int
     num_warps: int = 4
     num_stages: int = 2
+
+
+_SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass(frozen=True)
+class SplitCostModel:
+    """Time (µs) of one split-KV tree-attention call as a function of num_splits; `choose_config`
+    picks the candidate with the smallest modelled time.
+
+    Fitted (least squares on relative error, rms 5.7 %) to the 72 Triton rows of
+    `benchmarks/results/kernels_2026-12-02.csv` (H200, bf16, D 128, BLOCK_N 64, two-launch
+    combine): the 24-shape grid at the old heuristic's splits plus the num_splits sweep. With
+    S splits, B = ceil(max_len / BLOCK_N) key blocks, c = max(1, ceil(ceil(max_len / S) / BLOCK_N))
+    blocks per split, n = ceil(B / c) active splits, P = tiles × n programs:
+
+        t = fixed + (block · c + [S > 1] · split_program) · max(1, P / (SMs · ctas_per_sm))
+              + [S > 1] · (merge_per_split · n + partial_bytes(n) / partial_bw)
+
+    * block_us: one program's time per key block (latency-bound: ~1.7 µs at BLOCK_M 64 / 8 warps,
+      1.1 µs at BLOCK_M <= 32 / 4 warps); scaled by BLOCK_N · D / (64 · 128) for other tiles
+      (an extrapolation: only D 128, BLOCK_N 64 was measured).
+    * ctas_per_sm: ~1 resident program per SM, so programs beyond the SM count run in waves.
+    * split_program_us: extra per-wave cost of a split launch (partial store, second launch).
+    * merge_per_split_us: the merge loops over the splits serially (1–2 programs per kv head at
+      batch 1), 0.63 µs per split: why 64 splits lose to 32 at 8/1 kv 16384.
+    * partial_bw: float32 partials written and read back (n · rows · Hkv · D · 8 bytes), ~7 TB/s
+      (they stay in L2): why 16 splits lose at 32/8 q64 (16.8 MB of partials for 4.2 MB of K/V).
+
+    The same constants are used for `combine="kernel"` (one launch, pair-wise merge loads), which
+    was not measured yet; refit both once `bench_kernels.py` has measured it.
+    """
+
+    fixed_us: float = 5.83
+    block_us_wide: float = 1.744
+    block_us_narrow: float = 1.115
+    ctas_per_sm_wide: float = 0.908
+    ctas_per_sm_narrow: float = 1.095
+    split_program_us: float = 4.07
+    merge_per_split_us: float = 0.63
+    partial_bytes_per_us: float = 7.06e6
+
+    def time_us(self, num_splits: int, rows: int, hkv: int, d: int, max_len: int, block_m: int, block_n: int,
+                num_sms: int = _DEFAULT_NUM_SMS) -> float:
+        """Modelled µs of one call: rows = T × group query rows per KV head, max_len keys."""
+        wide = block_m >= 64
+        tiles = triton.cdiv(rows, block_m) * hkv
+        blocks = max(1, triton.cdiv(max_len, block_n))
+        per_split = max(1, triton.cdiv(triton.cdiv(max_len, num_splits), block_n))
+        active = triton.cdiv(blocks, per_split)
+        block_us = (self.block_us_wide if wide else self.block_us_narrow) * block_n * d / (64 * 128)
+        occupancy = self.ctas_per_sm_wide if wide else self.ctas_per_sm_narrow
+        waves = max(1.0, tiles * active / (num_sms * occupancy))
+        split = num_splits > 1
+        t = self.fixed_us + (block_us * per_split + split * self.split_program_us) * waves
+        if split:
+            t += self.merge_per_split_us * active + active * rows * hkv * d * 8 / self.partial_bytes_per_us
+        return t
+
+    def best_splits(self, rows: int, hkv: int, d: int, max_len: int, block_m: int, block_n: int,
+                    num_sms: int = _DEFAULT_NUM_SMS, candidates: tuple[int, ...] = _SPLIT_CANDIDATES) -> int:
+        """The candidate num_splits with the smallest modelled time (ties: fewer splits)."""
+        return _best_splits(self, rows, hkv, d, max_len, block_m, block_n, num_sms, tuple(candidates))
+
+
+@functools.lru_cache(maxsize=4096)
+def _best_splits(model: SplitCostModel, rows: int, hkv: int, d: int, max_len: int, block_m: int, block_n: int,
+                 num_sms: int, candidates: tuple[int, ...]) -> int:
+    # Memoised: called per layer per step in eager mode; a pure function of shapes.
+    return min(candidates, key=lambda s: (model.time_us(s, rows, hkv, d, max_len, block_m, block_n, num_sms), s))
 
 
 def _interpreting() -> bool:
@@ -306,27 +476,63 @@ def _num_sms(device: torch.device) -> int:
 def choose_config(
     t: int, hq: int, hkv: int, d: int, max_len: int, elem_bytes: int, num_sms: int = _DEFAULT_NUM_SMS,
     num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
+    *, rule: str = "model", num_stages: int | None = None, cost: SplitCostModel = SplitCostModel(),
 ) -> TreeAttentionConfig:
-    """Heuristic launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
+    """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
 
-    num_splits aims at about two programs per SM (row tiles × KV heads × splits ≈ 2·num_sms) while
-    keeping (a) at least one key block per split at max_len and (b) the float32 partials
-    (splits × rows × Hkv × D × 8 bytes written and read) within the K/V bytes of max_len.
+    rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 (fitted to
+    the measured H200 sweep; see its docstring). rule="legacy": the first heuristic, kept so the
+    benchmark can compare: about two programs per SM, at most one split per key block and partial
+    bytes within the K/V bytes — it over-splits at long KV (32/8 kv 16384 q64: 9 splits 170 µs,
+    4 splits 124 µs; 8/1 kv 16384 q8: 64 splits 60 µs, 32 splits 45 µs).
     """
+    if rule not in ("model", "legacy"):
+        raise ValueError(f"rule must be 'model' or 'legacy', got {rule!r}")
     rows = t * (hq // hkv)
     bm = block_m or min(64, max(16, triton.next_power_of_2(rows)))
     # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles).
     bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 else 128)
     if num_splits is None:
-        tiles = triton.cdiv(rows, bm) * hkv
-        by_sms = triton.cdiv(2 * num_sms, tiles)
-        by_keys = triton.cdiv(max_len, bn)
-        by_bytes = max(1, (max_len * elem_bytes) // max(rows, 1))
-        num_splits = max(1, min(by_sms, by_keys, by_bytes, _MAX_SPLITS))
+        if rule == "model":
+            num_splits = cost.best_splits(rows, hkv, d, max_len, bm, bn, num_sms)
+        else:
+            tiles = triton.cdiv(rows, bm) * hkv
+            by_sms = triton.cdiv(2 * num_sms, tiles)
+            by_keys = triton.cdiv(max_len, bn)
+            by_bytes = max(1, (max_len * elem_bytes) // max(rows, 1))
+            num_splits = max(1, min(by_sms, by_keys, by_bytes, _MAX_SPLITS))
     # ptxas for sm_90 (triton 3.9): BLOCK_M 64 with 4 warps spills (255 regs + 272 B stack); with
     # 8 warps it does not and uses wgmma (HGMMA). BLOCK_M <= 32 fits 4 warps (mma.sync, no spill).
     num_warps = 8 if bm >= 64 else 4
-    return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps)
+    return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps,
+                               num_stages=num_stages or 2)
+
+
+class TreeAttentionWorkspace:
+    """Arrival counters of the in-kernel combine, zeroed once and shared by many calls.
+
+    Every launch leaves the counters it used at zero (the last split of each (row tile, kv head)
+    resets its own), so all the calls of one stream of work (every layer of a model, every replay
+    of a CUDA graph) can share one workspace and no memset is needed per call. Two launches that
+    may run *concurrently* (different streams) must not share one. Create it before graph capture
+    (and call once before capturing, as for Triton's compilation anyway): a counter buffer that
+    grows keeps the old one alive, since a captured graph may still point at it.
+    """
+
+    def __init__(self, device: torch.device | str, capacity: int = 4096):
+        self.device = torch.device(device)
+        self.counters = torch.zeros(capacity, dtype=torch.int32, device=self.device)
+        self._retired: list[torch.Tensor] = []
+
+    def counters_for(self, n: int) -> torch.Tensor:
+        """(>= n,) int32 zeros on the workspace's device."""
+        if n > self.counters.numel():
+            self._retired.append(self.counters)
+            self.counters = torch.zeros(max(n, 2 * self.counters.numel()), dtype=torch.int32, device=self.device)
+        return self.counters
+
+
+COMBINE_MODES = ("kernel", "separate")
 
 
 def tree_attention(
@@ -342,6 +548,10 @@ def tree_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     out: torch.Tensor | None = None,
+    combine: str = "kernel",
+    workspace: TreeAttentionWorkspace | None = None,
+    rule: str = "model",
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
 
@@ -353,13 +563,22 @@ def tree_attention(
         tree_mask:   (T, N) bool, N <= max_len - prefix_len
         packed_mask: optional (T, ceil(N/32)) int32 from `pack_tree_mask(tree_mask)`; pass it to
                      skip the packing launch (pack once per step, use for every layer)
-        num_splits / block_m / block_n: override the heuristic launch shape (benchmarks, tests)
+        num_splits / block_m / block_n / num_stages: override the launch shape (benchmarks, tests)
         out:         optional (T, Hq, D) output buffer, dtype of q, last dim contiguous (static
                      buffers for CUDA graphs)
+        combine:     how splits are merged when num_splits > 1: "kernel" (default: the last split
+                     to finish merges, one launch) or "separate" (a second combine launch)
+        workspace:   counters for combine="kernel", shared by all calls of a stream (see
+                     `TreeAttentionWorkspace`); without one each split call zeroes fresh counters
+                     (one memset launch)
+        rule:        num_splits rule when num_splits is None: "model" or "legacy" (`choose_config`)
     Returns:
         (T, Hq, D), dtype of q (`out` when given); float32 softmax and accumulation.
-    Launches: pack (unless packed_mask), attention, and a combine kernel when num_splits > 1.
+    Launches: pack (unless packed_mask), attention, and with num_splits > 1 either the combine
+    kernel (combine="separate") or, with no workspace, a counter memset.
     """
+    if combine not in COMBINE_MODES:
+        raise ValueError(f"combine must be one of {COMBINE_MODES}, got {combine!r}")
     t, hq, d = q.shape
     hkv, max_len, dk = k_cache.shape
     n = tree_mask.shape[1]
@@ -387,27 +606,41 @@ def tree_attention(
     group = hq // hkv
     cfg = choose_config(
         t, hq, hkv, d, max_len, k_cache.element_size(), _num_sms(device), num_splits, block_m, block_n,
+        rule=rule, num_stages=num_stages,
     )
     rows = t * group
     m_tiles = triton.cdiv(rows, cfg.block_m)
     ieee = q.dtype == torch.float32
     # Triton's CPU interpreter (3.9) computes bf16 dots wrongly; there, upcast operands to float32.
     dot_f32 = _interpreting() and q.dtype == torch.bfloat16
-    if cfg.num_splits > 1:
+    split = cfg.num_splits > 1
+    in_kernel = split and combine == "kernel"
+    if split:
         part_ml = torch.empty((cfg.num_splits, hkv, rows, 2), dtype=torch.float32, device=device)
         part_acc = torch.empty((cfg.num_splits, hkv, rows, d), dtype=torch.float32, device=device)
     else:
         part_ml = part_acc = out  # unused by the kernel when NUM_SPLITS == 1
+    if in_kernel:
+        if workspace is None:
+            counters = torch.zeros(m_tiles * hkv, dtype=torch.int32, device=device)
+        else:
+            if workspace.counters.device != device:
+                raise ValueError(f"workspace is on {workspace.counters.device}, q on {device}")
+            counters = workspace.counters_for(m_tiles * hkv)
+    else:
+        counters = out  # unused
     scale_log2 = float(scale) * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     _tree_attn_kernel[(m_tiles, hkv, cfg.num_splits)](
-        q, k_cache, v_cache, prefix, packed_mask, out, part_ml, part_acc,
+        q, k_cache, v_cache, prefix, packed_mask, out, part_ml, part_acc, counters,
         scale_log2, t, n, max_len, cfg.num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         packed_mask.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        SPLIT=cfg.num_splits > 1, IEEE=ieee or dot_f32, DOT_F32=dot_f32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT=split, IEEE=ieee or dot_f32, DOT_F32=dot_f32,
+        IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if cfg.num_splits > 1:
+    if split and not in_kernel:
         _combine_kernel[(m_tiles, hkv)](
             prefix, part_ml, part_acc, out, t, n, max_len, cfg.num_splits, out.stride(0), out.stride(1),
             GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=4,

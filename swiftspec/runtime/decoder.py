@@ -34,7 +34,8 @@ class ModelRunner:
 
     max_len: cache slots (prefix + tree region). vocab_limit: logits are cut to this many
     columns (a draft whose vocabulary is padded beyond the target's must not propose ids the
-    target cannot embed). use_graphs: capture CUDA graphs (default: on CUDA devices).
+    target cannot embed). use_graphs: capture CUDA graphs (default: on CUDA devices). max_tree:
+    widest tree mask the graphs take (default max_len; see __init__).
     """
 
     def __init__(
@@ -44,6 +45,7 @@ class ModelRunner:
         *,
         vocab_limit: int | None = None,
         use_graphs: bool | None = None,
+        max_tree: int | None = None,
     ):
         self.model = model
         self.device, self.dtype = model.device, model.dtype
@@ -57,8 +59,11 @@ class ModelRunner:
         if use_graphs if use_graphs is not None else self.device.type == "cuda":
             from swiftspec.runtime.graphs import GraphRunner
 
-            # masks may span the whole cache: every tree width and prefill chunk replays a graph
-            self.graphs = GraphRunner(model, self.cache, max_tree=max_len)
+            # masks may span the whole cache: every tree width and prefill chunk replays a graph.
+            # max_tree < max_len: the graphs' attention reads prefix + max_tree keys instead of
+            # prefix + max_len (the tree attention kernel masks the whole width); wider masks
+            # (e.g. long prefill chunks) then run eagerly
+            self.graphs = GraphRunner(model, self.cache, max_tree=min(max_tree or max_len, max_len))
 
     # ---- the one call into the model ------------------------------------------------------
 
@@ -166,6 +171,6 @@ def reroot_draft(
         new_tree, old_slots = tree.reroot(bonus_node, keep=keep)
         assert not unexpanded  # the bonus node's parent was expanded, hence all its ancestors
     else:
-        new_tree, old_slots = DraftTree.fresh(verdict.bonus, tree.policy), []
+        new_tree, old_slots = DraftTree.fresh(verdict.bonus, tree.policy, tree.rank_logprobs), []
     runner.commit([tree.slots[n] for n in expanded], old_slots, pending=unexpanded)
     return new_tree

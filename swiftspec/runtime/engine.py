@@ -72,7 +72,8 @@ class Job:
     """Everything every rank needs (pickled to each spawned process).
 
     prompts: token ids per prompt. rank_paths: one rank path per prompt for synthetic acceptance
-    (None: measured acceptance, the target's argmax decides).
+    (None: measured acceptance, the target's argmax decides). rank_logprobs: with rank_paths, log q
+    by draft rank of the replayed profile: it shapes the draft tree (`DraftTree.rank_logprobs`).
     """
 
     target: str
@@ -87,6 +88,7 @@ class Job:
     seed: int = 0
     rank_paths: list[list[int]] | None = None
     timeout_s: float = 120.0
+    rank_logprobs: list[float] | None = None
     meta: dict = field(default_factory=dict)
 
 
@@ -220,7 +222,7 @@ def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t
         return out
 
     vbuf = torch.zeros(4 + policy.bs, dtype=torch.long)
-    tree = DraftTree.fresh(prompt[-1], policy)
+    tree = DraftTree.fresh(prompt[-1], policy, ctx.job.rank_logprobs if ctx.job.rank_paths else None)
     out: list[int] = []
     rows: list[dict] = []
     it = 0
@@ -228,21 +230,27 @@ def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t
         ctx.step()
         row = {"iteration": it, "draft_start_ms": ms()}
         forwards = tokens = 0
+        fwd_tokens: list[int] = []  # per draft forward, pending verified tokens included
         while len(tree) < policy.bs:  # immediate expansions (and a fresh tree's first ones)
+            pending = len(runner.pending)
             f = tree.expand(fwd)
             if f == 0:
                 break
             forwards, tokens = forwards + 1, tokens + f
+            fwd_tokens.append(pending + f)
+        row["pre_forwards"] = forwards
         sel = tree.select(policy.bs)
         row.update(sent=len(sel), tree_size=len(tree))
         smsg = pack_subtree(tree, sel, policy.bs)
         work = link.isend(smsg) if leader else None  # smsg stays alive until work.wait()
         row["send_ms"] = ms()
         for _ in range(policy.d):  # overlapped with the target's verify of `sel`
+            pending = len(runner.pending)
             f = tree.expand(fwd)
             if f == 0:
                 break
             forwards, tokens = forwards + 1, tokens + f
+            fwd_tokens.append(pending + f)
         row["draft_end_ms"] = row["wait_start_ms"] = ms()
         if leader:
             work.wait()
@@ -257,7 +265,8 @@ def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t
         verdict = Verdict(path=path, bonus=bonus)
         out.extend(verdict.new_tokens(tree))
         gpu = timer.collect()
-        row.update(accepted=k, draft_forwards=forwards, draft_tokens=tokens, draft_gpu_ms=sum(gpu))
+        row.update(accepted=k, draft_forwards=forwards, draft_tokens=tokens, draft_gpu_ms=sum(gpu),
+                   forward_tokens=fwd_tokens)
         if kind == KIND_DONE:
             row["commit_ms"] = 0.0
             rows.append(row)
@@ -340,7 +349,9 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
     if task.mode is not Mode.autoregressive:
         dmodel = _model(ctx, "draft", tp_rank, tp, g.colo_tp)
         draft = _runner(dmodel, draft_slots(longest, job.max_new_tokens, policy), _vocab_limit(ctx, dmodel))
-    cfg = GenerateConfig(mode=task.mode, policy=policy, max_new_tokens=job.max_new_tokens, keep_subtree=False)
+    synthetic = job.rank_paths is not None and draft is not None
+    cfg = GenerateConfig(mode=task.mode, policy=policy, max_new_tokens=job.max_new_tokens, keep_subtree=False,
+                         rank_logprobs=tuple(job.rank_logprobs) if synthetic and job.rank_logprobs else None)
     prompts, rows = [], []
     for pi, prompt in enumerate(job.prompts):
         ctx.step()
@@ -359,7 +370,7 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
                    "draft_forwards": r.draft_forwards, "draft_tokens": r.draft_tokens,
                    "target_start_ms": t + r.draft_ms, "target_end_ms": t + r.draft_ms + r.verify_ms,
                    "target_gpu_ms": r.verify_ms, "commit_ms": r.commit_ms, "accepted": r.accepted,
-                   "sent": r.verified, "tree_size": r.tree_nodes}  # fmt: skip
+                   "sent": r.verified, "tree_size": r.tree_nodes, "forward_tokens": list(r.forward_tokens)}  # fmt: skip
             if verifier is not None:
                 row["ranks"] = verifier.consumed[i]
             rows.append(row)

@@ -40,6 +40,8 @@ class GenerateConfig:
     round (its KV compacted behind the prefix) instead of starting a fresh tree. Chain trees never
     contain the bonus token; static trees are always refilled from a fresh root.
     eos_ids: stop after producing any of these (the stop token is kept in the output).
+    rank_logprobs: synthetic acceptance: log q[rank] of the replayed AcceptanceProfile, which
+    shapes the draft tree instead of the draft's own log-probabilities (`DraftTree`).
     """
 
     mode: Mode
@@ -47,6 +49,7 @@ class GenerateConfig:
     max_new_tokens: int
     eos_ids: tuple[int, ...] = ()
     keep_subtree: bool = True
+    rank_logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,11 @@ class IterationRecord:
     verified: int  # nodes sent to the target (root included)
     tree_nodes: int  # nodes in the draft tree when it was verified
     draft_forwards: int
-    draft_tokens: int  # tokens in those draft forwards
+    draft_tokens: int  # tree nodes in those draft forwards
     draft_ms: float
     verify_ms: float
     commit_ms: float
+    forward_tokens: tuple[int, ...] = ()  # tokens of each draft forward (pending verified tokens included)
 
 
 @dataclass
@@ -119,18 +123,21 @@ def generate(
     out: list[int] = []
     records: list[IterationRecord] = []
     stop = "max_new_tokens"
-    tree = DraftTree.fresh(prompt_ids[-1], policy)
+    tree = DraftTree.fresh(prompt_ids[-1], policy, cfg.rank_logprobs)
     t_start = time.perf_counter()
     while len(out) < cfg.max_new_tokens:
         t_it = time.perf_counter()
         forwards = drafted = 0
+        fwd_tokens: list[int] = []
         if speculative:
             rounds = len(policy.topology) if policy.kind == "static" else policy.d
             for _ in range(rounds):
+                pending = len(draft.pending)  # run in front of the tree nodes, in the same forward
                 n = tree.expand(draft.forward_tree)
                 if n == 0:
                     break
                 forwards, drafted = forwards + 1, drafted + n
+                fwd_tokens.append(pending + n)
         t_draft = time.perf_counter()
 
         selected = tree.select(policy.bs)
@@ -157,6 +164,7 @@ def generate(
                 draft_ms=(t_draft - t_it) * 1e3,
                 verify_ms=(t_verify - t_draft) * 1e3,
                 commit_ms=(time.perf_counter() - t_verify) * 1e3,
+                forward_tokens=tuple(fwd_tokens),
             )
         )
 

@@ -293,8 +293,18 @@ def tasks_for(plan, modes: list[str] | None) -> list:
     return tasks
 
 
-def _baseline_predictions(plan, tasks, layout: Layout, acceptance_path: str | None) -> dict[str, dict]:
-    """The plan's prediction for its own mode; the simulator's for the baselines when it can."""
+def _baseline_predictions(plan, tasks, layout: Layout, acceptance_path: str | None, prompts: list[list[int]] | None = None,
+                          max_new_tokens: int | None = None, paths: list[list[int]] | None = None,
+                          seed: int = 0) -> dict[str, dict]:
+    """Predictions per task, made for the run's own workload when it is given.
+
+    With `prompts`: every task is re-simulated on the run's workload (its prompts' lengths,
+    `max_new_tokens`, and the rank paths the synthetic verifier replays, or, measuring acceptance,
+    the acceptance profile's paths for as many requests with `seed`), so the error measures
+    latency modelling, not the difference between the plan's workload and the run's. The plan's
+    own figure is kept beside it as `plan_tokens_per_s_mean` / `plan_mean_accepted`. Without, or
+    when the simulator cannot time a task: the plan's prediction for its own mode.
+    """
     import dataclasses
 
     from swiftspec.spec import Mode, Split
@@ -302,11 +312,15 @@ def _baseline_predictions(plan, tasks, layout: Layout, acceptance_path: str | No
     preds: dict[str, dict] = {}
     inputs = None
     for t in tasks:
-        if t.mode is plan.mode and t.policy == plan.policy:
-            if plan.prediction is not None:
-                preds[t.label] = plan.prediction.to_dict()
+        own = t.mode is plan.mode and t.policy == plan.policy and plan.prediction is not None
+        if own:
+            preds[t.label] = plan.prediction.to_dict()
+        if own and prompts is None:
             continue
         try:
+            from swiftspec.sim.acceptance import AcceptanceModel
+            from swiftspec.sim.latency import LatencyModel
+            from swiftspec.sim.predict_run import predict_run
             from swiftspec.sim.search import load_inputs, predict_plan
 
             if inputs is None:
@@ -314,11 +328,25 @@ def _baseline_predictions(plan, tasks, layout: Layout, acceptance_path: str | No
                 acc = acceptance_path or (plan.acceptance.path if plan.acceptance and
                                           not plan.acceptance.path.startswith("builtin") else None)
                 inputs = load_inputs(plan.target, plan.draft, prof, acc, plan.device)
-            c = len(layout.colocated)
-            split = Split.shared(c, with_draft=t.mode is not Mode.autoregressive)
-            p = dataclasses.replace(plan, mode=t.mode, split=split, policy=t.policy)
-            preds[t.label] = predict_plan(p, inputs).summary.to_prediction().to_dict()
-        except Exception:  # noqa: BLE001 -- a baseline without a prediction is shown as "-"
+            if t.mode is plan.mode:
+                split = plan.split
+            else:
+                split = Split.shared(len(layout.colocated), with_draft=t.mode is not Mode.autoregressive)
+            if prompts is None:
+                p = dataclasses.replace(plan, mode=t.mode, split=split, policy=t.policy)
+                preds[t.label] = predict_plan(p, inputs).summary.to_prediction().to_dict()
+                continue
+            acc_model = AcceptanceModel(inputs.acceptance)
+            run_paths = paths or [list(x) for x in acc_model.request_paths(len(prompts), max_new_tokens + 64, seed)]
+            res = predict_run(LatencyModel(inputs.profile), acc_model, inputs.target, inputs.draft, split, t.mode,
+                              t.policy, [len(x) for x in prompts], max_new_tokens, run_paths, plan.gpus_per_node)
+            d = res.summary.to_prediction().to_dict()
+            if own:
+                d["plan_tokens_per_s_mean"] = plan.prediction.tokens_per_s_mean
+                d["plan_mean_accepted"] = plan.prediction.mean_accepted
+            d["workload"] = "run"
+            preds[t.label] = d
+        except Exception:  # noqa: BLE001 -- a task without a prediction is shown as "-"
             continue
     return preds
 
@@ -349,7 +377,7 @@ def run_plan(
 
     from swiftspec.files import run_metadata
     from swiftspec.runtime.runlog import RunLog
-    from swiftspec.runtime.synthetic import rank_paths
+    from swiftspec.runtime.synthetic import rank_logprobs, rank_paths
     from swiftspec.spec import AcceptanceProfile, ModelSpec, Plan, UserError
 
     plan = Plan.load(plan_path)
@@ -370,7 +398,7 @@ def run_plan(
         raise UserError(f"the draft's vocabulary is smaller than the target's ({plan.draft} vs {plan.target})")
     ids, how = load_prompts(prompts, plan.target, tspec.vocab, num_prompts)
 
-    acc_label, paths, acc_path = "measured", None, None
+    acc_label, paths, acc_path, logq = "measured", None, None, None
     if weights == "random" or acceptance is not None:
         if acceptance is not None:
             acc_path = acceptance
@@ -384,10 +412,11 @@ def run_plan(
             prof, _ = default_acceptance()
         acc_label = prof.label if prof.synthetic else f"synthetic (replay of measured {Path(acc_path).name})"
         paths = rank_paths(prof, len(ids), max_new_tokens + 64, seed)
+        logq = rank_logprobs(prof)
 
     job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
               max_new_tokens=max_new_tokens, device=device, dtype=dtype, weights=weights, seed=seed,
-              rank_paths=paths, timeout_s=timeout_s)
+              rank_paths=paths, timeout_s=timeout_s, rank_logprobs=logq)
     layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
     if torchrun_env() is not None:
         results = run_torchrun(job)
@@ -401,7 +430,8 @@ def run_plan(
             "acceptance": acc_label, "device": device, "dtype": dtype, "prompts": prompts,
             "tokenized_with": how, "max_new_tokens": max_new_tokens, "colocated_ranks": len(layout.colocated),
             "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world}
-    return RunLog(iters, prs, meta, _baseline_predictions(plan, tasks, layout, acc_path))
+    return RunLog(iters, prs, meta, _baseline_predictions(plan, tasks, layout, acc_path, ids, max_new_tokens, paths,
+                                                         seed))
 
 
 def format_report(log) -> str:
@@ -417,6 +447,8 @@ def format_report(log) -> str:
         f"prompts: {m['prompts']} ({len(log.prompts) and log.prompts['prompt'].nunique()}, {m['tokenized_with']}), "
         f"{m['max_new_tokens']} new tokens each",
     ]
+    if any(isinstance(p, dict) and p.get("workload") == "run" for p in log.predictions.values()):
+        lines.append("predicted: re-simulated for this run's workload (its prompts, length and rank paths)")
     if m.get("shared_devices"):
         lines.append("note: ranks share a GPU (gloo link, no NCCL): correctness and host-side timing only")
     s = log.summary()

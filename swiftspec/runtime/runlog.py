@@ -113,6 +113,7 @@ class RunLog:
                 "error_pct": error_pct(mean, pred.get("tokens_per_s_mean")),
                 "predicted_mean_accepted": pred.get("mean_accepted"),
                 "predicted_iteration_ms": pred.get("iteration_ms"),
+                "plan_predicted_tokens_per_s": pred.get("plan_tokens_per_s_mean"),  # plan's own workload
             })  # fmt: skip
         return pd.DataFrame(rows)
 

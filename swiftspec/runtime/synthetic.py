@@ -11,6 +11,11 @@ tokens:
     otherwise stop; the bonus token is the tree's rank-r child of n when the tree holds one
     (so the draft re-roots there), else a token that is not a child of n (a fresh tree).
 
+The draft tree's *shape* follows the profile too: with `DraftTree.rank_logprobs` = log q[rank]
+(`rank_logprobs` below, the profile's `draft_prob_by_rank`), a child's cum_logprob is its parent's
+plus log q[its rank], exactly as in the simulator's `RankTree`. Without it a random-weight draft,
+whose distribution is nearly flat, grows a different tree (e.g. bs=8 filled with root siblings).
+
 A node's children are kept in draft-rank order (`DraftTree.grow`), and a verified subtree holds a
 prefix of every node's children in that order (a lower rank has a higher cum_logprob and is created
 first), so "the child of rank r" is `children[n][r]` in the draft's tree and in the target's copy
@@ -37,6 +42,18 @@ def rank_paths(profile: AcceptanceProfile, n: int, length: int, seed: int = 0) -
     from swiftspec.sim.acceptance import AcceptanceModel
 
     return [[int(r) for r in p] for p in AcceptanceModel(profile).request_paths(n, length, seed)]
+
+
+def rank_logprobs(profile: AcceptanceProfile) -> list[float]:
+    """log q[rank] for every rank of the profile's `draft_prob_by_rank` (-inf where q = 0).
+
+    Computed as the simulator does (`AcceptanceModel.child_logprobs`, numpy), bit for bit: cum_logprob
+    ties are common (q geometric) and are broken by creation order only when the sums are equal."""
+    import numpy as np
+
+    q = np.asarray(profile.draft_prob_by_rank, dtype=float)
+    with np.errstate(divide="ignore"):
+        return [float(x) for x in np.log(q)]
 
 
 def outside_token(tree: DraftTree, node: int, preferred: int, vocab: int | None = None) -> int:

@@ -38,6 +38,12 @@ class DraftTree:
     (root 0), `cum_logprob` (sum of draft log-probabilities from the root; root 0.0), `slots`
     (draft tree-region slot, -1 while unexpanded), `children` (ids in draft-rank order) and, for a
     static policy, `topo` (the node's index in `policy.topology`).
+
+    rank_logprobs: synthetic acceptance only (synthetic.py): log q[rank] of the acceptance profile,
+    shape (>= w,). When set, a child of draft rank r gets cum_logprob = parent's + rank_logprobs[r]
+    instead of the draft's own log-probability, so the tree grows to the shape the simulator's rank
+    view predicts (a random-weight draft is nearly flat and would otherwise fill the tree with
+    root siblings); the tokens are still the draft's top-ranked ones.
     """
 
     policy: TreePolicy
@@ -49,11 +55,12 @@ class DraftTree:
     children: list[list[int]] = field(default_factory=list)
     topo: list[int] = field(default_factory=list)
     num_slots: int = 0  # expanded nodes = draft tree-region slots in use
+    rank_logprobs: tuple[float, ...] | None = None
 
     @classmethod
-    def fresh(cls, root_token: int, policy: TreePolicy) -> DraftTree:
-        """A tree holding only the root (unexpanded)."""
-        tree = cls(policy)
+    def fresh(cls, root_token: int, policy: TreePolicy, rank_logprobs: Sequence[float] | None = None) -> DraftTree:
+        """A tree holding only the root (unexpanded); rank_logprobs: see the class docstring."""
+        tree = cls(policy, rank_logprobs=None if rank_logprobs is None else tuple(float(x) for x in rank_logprobs))
         tree._add(int(root_token), -1, 0.0, topo=0)
         return tree
 
@@ -154,11 +161,15 @@ class DraftTree:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         values, indices = torch.topk(logprobs, k, dim=-1)
         values, indices = values.tolist(), indices.tolist()  # one device sync per expansion
+        rank_lp = self.rank_logprobs
+        if rank_lp is not None and len(rank_lp) < k:
+            raise ValueError(f"rank_logprobs has {len(rank_lp)} ranks, the tree grows {k} children per node")
         for row, n in enumerate(batch):
             topo_kids = self._topo_children(self.topo[n]) if self.static else []
             for r in range(min(counts[row], k)):
                 topo = topo_kids[r] if self.static else -1
-                self._add(indices[row][r], n, self.cum_logprob[n] + values[row][r], topo=topo)
+                lp = values[row][r] if rank_lp is None else rank_lp[r]
+                self._add(indices[row][r], n, self.cum_logprob[n] + lp, topo=topo)
 
     def expand(self, forward: ForwardFn) -> int:
         """One expansion (= one draft forward); returns the number of tokens forwarded (0: none)."""
@@ -212,7 +223,7 @@ class DraftTree:
             members = sorted(self._best_first(members)[:keep])
         new_id = {old: i for i, old in enumerate(members)}
         base_depth, base_cum = self.depths[node], self.cum_logprob[node]
-        tree = DraftTree(self.policy)
+        tree = DraftTree(self.policy, rank_logprobs=self.rank_logprobs)
         for old in members:
             parent = new_id[self.parents[old]] if old != node else -1
             tree._add(self.tokens[old], parent, self.cum_logprob[old] - base_cum)

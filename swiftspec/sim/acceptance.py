@@ -100,6 +100,7 @@ def ml_tree_paths(q: Sequence[float], bs: int, w: int, expansions: int, max_dept
             picked.append(idx)
         if not picked:
             break
+        picked.sort()  # children created in node order, as RankTree and the runtime do (ties)
         for idx in picked:
             path, lp = nodes[idx]
             for r in range(w):

@@ -79,20 +79,27 @@ class StepCosts:
         return compute, max(comm, 0.0)
 
     def verify(self, tokens: int, kv_len: int) -> tuple[float, float]:
-        """Target forward over `tokens` tree nodes after `kv_len` cached tokens: (compute, TP comm) ms."""
+        """Target forward over `tokens` tree nodes after `kv_len` cached tokens: (compute, TP comm) ms.
+
+        compute includes the host work that grows with the nodes (`host_verify`), when profiled."""
         key = (tokens, kv_len)
         v = self._verify.get(key)
         if v is None:
-            v = self._verify[key] = self._step_parts(self.target, self.tp_t, tokens, kv_len, self.target_spans)
+            c, m = self._step_parts(self.target, self.tp_t, tokens, kv_len, self.target_spans)
+            c += float(self.lat.host_verify_ms(self.mode, tokens)) if hasattr(self.lat, "host_verify_ms") else 0.0
+            v = self._verify[key] = (c, m)
         return v
 
     def expansion(self, tokens: int, kv_len: int) -> tuple[float, float]:
-        """One draft expansion forwarding `tokens` nodes (+ top-w tree growth): (compute, TP comm) ms."""
+        """One draft expansion forwarding `tokens` nodes (+ top-w tree growth, + its host work when
+        profiled as `host_expansion`): (compute, TP comm) ms."""
         key = (tokens, kv_len)
         v = self._expand.get(key)
         if v is None:
             c, m = self._step_parts(self.draft, self.tp_d, tokens, kv_len, self.draft_spans)
             c += float(self.lat.tree_growth_ms(self.draft, self.tp_d, tokens))
+            if hasattr(self.lat, "host_expansion_ms"):  # host work per draft forward, when profiled
+                c += float(self.lat.host_expansion_ms(self.mode, tokens))
             v = self._expand[key] = (c, m)
         return v
 

@@ -19,6 +19,7 @@ and does not depend on time; this module only times it. Times are ms of simulate
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -185,18 +186,29 @@ def _run_request(
 
 
 def simulate_trajectories(
-    costs: StepCosts, mode: Mode, trajectories: list[list[IterationTrace]], prompt_len: int
+    costs: StepCosts,
+    mode: Mode,
+    trajectories: list[list[IterationTrace]],
+    prompt_len: int | Sequence[int],
+    max_new_tokens: int | None = None,
 ) -> SimResult:
-    """Time given per-request trajectories under `costs`; see the module docstring."""
+    """Time given per-request trajectories under `costs`; see the module docstring.
+
+    prompt_len: tokens in the verified prefix when decoding starts, one for all requests or one
+    per request. max_new_tokens: a request's tokens/s counts at most this many tokens (the last
+    verify may overshoot; the runtime cuts its output there), None = all produced tokens.
+    """
     parts = Parts()
     rows: list[tuple] = []
     rates, iters, tokens, elapsed_all = [], 0, 0, 0.0
     busy_d = busy_t = 0.0
+    lens = [int(prompt_len)] * len(trajectories) if isinstance(prompt_len, (int, np.integer)) else list(prompt_len)
     for r, traj in enumerate(trajectories):
-        rws, elapsed, bd, bt = _run_request(costs, mode, traj, prompt_len, parts, r)
+        rws, elapsed, bd, bt = _run_request(costs, mode, traj, lens[r], parts, r)
         rows.extend(rws)
         produced = sum(t.accepted for t in traj)
-        rates.append(1000.0 * produced / elapsed)
+        counted = produced if max_new_tokens is None else min(produced, max_new_tokens)
+        rates.append(1000.0 * counted / elapsed)
         iters += len(traj)
         tokens += produced
         elapsed_all += elapsed
@@ -238,7 +250,7 @@ def simulate(
     """
     costs = StepCosts(latency, target, draft, split, mode, gpus_per_node)
     trajs = make_trajectories(acceptance, mode, policy, workload)
-    return simulate_trajectories(costs, mode, trajs, workload.prompt_len)
+    return simulate_trajectories(costs, mode, trajs, workload.prompt_len, workload.max_new_tokens)
 
 
 def make_trajectories(acceptance, mode: Mode, policy: TreePolicy, workload: Workload) -> list[list[IterationTrace]]:

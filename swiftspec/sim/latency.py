@@ -19,6 +19,7 @@ from scipy.interpolate import RegularGridInterpolator
 
 from swiftspec.spec import Mode, ModelSpec, Profile, UserError
 
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # = runtime.graphs.DEFAULT_BUCKETS (no torch import here)
 LM_HEAD_GATHER_BYTES_PER_TOKEN = 64  # top-8 (value fp32, id int32) of each vocab shard
 
 
@@ -102,6 +103,10 @@ class LatencyModel:
         self._comm = {k: g for k, g in profile.comm.groupby(["collective", "group_size"])}
         self._tables: dict[tuple, _Table] = {}
         self._memo: dict[tuple, float] = {}
+        # A measured CUDA profile timed the runtime's CUDA graphs, one per bucket of tokens; the
+        # runtime replays the smallest bucket >= T (padding rows), so a forward of T tokens costs
+        # the bucket's time, not an interpolation between buckets.
+        self.graph_buckets = profile.meta.get("device", "cuda") == "cuda" and profile.meta.get("source") == "measured"
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -171,8 +176,15 @@ class LatencyModel:
 
     # -- public API ----------------------------------------------------------------------------
 
+    def graph_tokens(self, tokens: int) -> int:
+        """Tokens a forward of `tokens` really runs: its CUDA-graph bucket (see __init__), else itself."""
+        if not self.graph_buckets or tokens > GRAPH_BUCKETS[-1]:
+            return tokens
+        return next(b for b in GRAPH_BUCKETS if b >= tokens)
+
     def forward_ms(self, model: ModelSpec, tp: int, tokens: int, kv_len: int) -> float:
         """embed + decoder layers + LM head of one TP shard over `tokens` tokens, no communication (ms)."""
+        tokens = self.graph_tokens(tokens)
         layers = self._op("layers", model.name, tp, tokens, kv_len)  # first: errors name `layers`
         return self._op("embed", model.name, tp, tokens, 0) + layers + self._op("lm_head", model.name, tp, tokens, 0)
 
@@ -194,6 +206,7 @@ class LatencyModel:
         small collective of tokens × 64 bytes: each rank's top-8 candidates of its vocab shard,
         needed for argmax / tree growth over the sharded vocabulary), comm (their sum), total.
         """
+        tokens = self.graph_tokens(tokens)
         layers = self._op("layers", model.name, tp, tokens, kv_len)
         embed = self._op("embed", model.name, tp, tokens, 0)
         lm_head = self._op("lm_head", model.name, tp, tokens, 0)
@@ -223,6 +236,23 @@ class LatencyModel:
         if tokens <= 0:
             return 0.0
         return self._op("kv_compact", model.name, tp, tokens, 0)
+
+    def _host_table_ms(self, op: str, mode: Mode | str, tokens: int) -> float:
+        """An optional host table (`op`, model = mode name) over tokens; 0 when the profile has none."""
+        name = (mode if isinstance(mode, Mode) else Mode.parse(mode)).value
+        if (op, name, 1) not in self._compute or tokens < 1:
+            return 0.0
+        return self._op(op, name, 1, tokens, 0)
+
+    def host_expansion_ms(self, mode: Mode | str, tokens: int) -> float:
+        """Host work of one draft forward of `tokens` tokens (inputs, mask, tree growth, graph input
+        copies), ms; optional op `host_expansion` (0 without it: then `host` holds all host work)."""
+        return self._host_table_ms("host_expansion", mode, tokens)
+
+    def host_verify_ms(self, mode: Mode | str, tokens: int) -> float:
+        """Host work of the target's verify over `tokens` nodes that grows with them (mask, walk), ms;
+        optional op `host_verify` (0 without it)."""
+        return self._host_table_ms("host_verify", mode, tokens)
 
     def host_ms(self, mode: Mode) -> float:
         """Host work of one iteration in `mode` beyond the profiled compute and comm (ms)."""

@@ -58,6 +58,9 @@ class RankTree:
         while self._frontier and len(picked) < self.w:
             _, i = heapq.heappop(self._frontier)
             picked.append(i)
+        # children are created in node order, as the runtime does (`DraftTree.next_batch` returns
+        # ascending ids): creation order breaks cum_logprob ties later, so it must agree
+        picked.sort()
         # hot loop of the planner: bind everything local, append per column
         parent, rank, depth, cum, expanded, children = (
             self.parent, self.rank, self.depth, self.cum, self.expanded, self.children)
@@ -100,8 +103,21 @@ class RankTree:
                 return cur, k
             cur, k = child, k + 1
 
-    def reroot(self, node: int) -> None:
-        """Keep only the subtree under `node` (which becomes the root), renumbered in creation order."""
+    def unexpanded_on_path(self, last: int) -> int:
+        """Nodes from the root to `last` (both included) the draft has not forwarded: after a verify
+        they are the runtime's *pending* tokens, run in front of the next tree's first forward."""
+        n = 0
+        while last >= 0:
+            n += not self.expanded[last]
+            last = self.parent[last]
+        return n
+
+    def reroot(self, node: int, limit: int | None = None) -> None:
+        """Keep only the subtree under `node` (which becomes the root), renumbered in creation order.
+
+        limit: keep at most this many nodes, the best-first ones (highest cum_logprob, ties to the
+        earlier-created), as the runtime does (`DraftTree.reroot(keep=...)`, `tree.keep_limit`).
+        """
         keep = [node]
         stack = [node]
         while stack:
@@ -109,6 +125,9 @@ class RankTree:
             for j in self.children[i].values():
                 keep.append(j)
                 stack.append(j)
+        if limit is not None and len(keep) > limit:
+            cum = self.cum
+            keep = heapq.nsmallest(limit, keep, key=lambda i: (-cum[i], i))
         keep.sort()
         new = {old: k for k, old in enumerate(keep)}
         c0, d0 = self.cum[node], self.depth[node]
@@ -117,20 +136,21 @@ class RankTree:
         self.depth = [self.depth[o] - d0 for o in keep]
         self.cum = [self.cum[o] - c0 for o in keep]
         self.expanded = [self.expanded[o] for o in keep]
-        self.children = [{r: new[j] for r, j in self.children[o].items()} for o in keep]
+        self.children = [{r: new[j] for r, j in self.children[o].items() if j in new} for o in keep]
         self._frontier = [
             (-self.cum[k], k) for k in range(len(keep)) if not self.expanded[k] and self._growable(k)
         ]
         heapq.heapify(self._frontier)
 
-    def advance(self, last: int, bonus_rank: int) -> bool:
+    def advance(self, last: int, bonus_rank: int, limit: int | None = None) -> bool:
         """After a verify: re-root at the bonus node (child of `last` with rank `bonus_rank`) if
-        the tree holds it, else start a fresh tree. Returns True when the subtree was kept."""
+        the tree holds it (keeping at most `limit` nodes), else start a fresh tree. Returns True
+        when the subtree was kept."""
         child = self.children[last].get(bonus_rank) if bonus_rank >= 0 else None
         if child is None:
             self._reset()
             return False
-        self.reroot(child)
+        self.reroot(child, limit)
         return True
 
 
@@ -144,6 +164,7 @@ class StaticRankTree:
     def __init__(self, topology: tuple[int, ...]) -> None:
         n = len(topology)
         self.children: list[dict[int, int]] = [{} for _ in range(n)]
+        self.parent = list(topology)
         depth = [0] * n
         for j in range(1, n):
             p = topology[j]
@@ -160,8 +181,10 @@ class StaticRankTree:
             self.forwards.append((levels[lvl], cached))
             cached += levels[lvl]
         self.size = n
+        self.expanded = [bool(c) for c in self.children]  # a node is forwarded iff it has children
 
     verify = RankTree.verify
+    unexpanded_on_path = RankTree.unexpanded_on_path
 
 
 @dataclass(frozen=True)
@@ -170,7 +193,9 @@ class IterationTrace:
 
     pre:      draft forwards done before the subtree is sent (serial/chain: all of them; async:
               the immediate expansions of a tree smaller than bs), each as (tokens forwarded,
-              tree nodes before the forward).
+              tree nodes before the forward). A fresh tree's first forward also runs the
+              previous verify's *pending* tokens: accepted nodes the draft never forwarded
+              (runtime `ModelRunner.pending`), so its tokens are 1 + pending.
     overlap:  draft forwards done while the target verifies (async only), same layout.
     sent:     tree nodes the target verifies (<= bs, root included).
     accepted: tokens produced (followed nodes + bonus).
@@ -192,7 +217,10 @@ def request_trajectory(
     """Replay one request until at least `max_new_tokens` tokens are produced.
 
     serial/chain start a fresh tree at every bonus token (we do not keep the subtree under it);
-    async follows Algorithm 1 and keeps it. `logq`: log draft probability by rank, shape (>= w,).
+    async follows Algorithm 1 and keeps it, at most `keep_limit(policy)` nodes (best-first), as
+    the runtime does. `logq`: log draft probability by rank, shape (>= w,). Step for step what
+    the runtime (`generate.generate`, `engine._async_draft`) does: same forwards, same tokens per
+    forward (pending tokens included), same nodes sent.
     """
     out: list[IterationTrace] = []
     pos = 0
@@ -202,10 +230,11 @@ def request_trajectory(
     if policy.kind == "static":
         tree = StaticRankTree(policy.topology)
         sel = set(range(tree.size))
-        pre = tuple(tree.forwards)
+        pending = 0
         while pos < max_new_tokens:
-            _, k = tree.verify(sel, path, pos)
-            out.append(IterationTrace(pre, (), tree.size, k + 1, tree.size, 0))
+            last, k = tree.verify(sel, path, pos)
+            out.append(IterationTrace(_with_pending(tree.forwards, pending), (), tree.size, k + 1, tree.size, 0))
+            pending = tree.unexpanded_on_path(last)
             pos += k + 1
         return out
     if mode in (Mode.serial, Mode.chain):
@@ -219,14 +248,17 @@ def request_trajectory(
                 break
             pre.append((f, size))
         sel = tree.select(policy.bs)
-        pre_t = tuple(pre)
+        pending = 0
         while pos < max_new_tokens:
-            _, k = tree.verify(sel, path, pos)
-            out.append(IterationTrace(pre_t, (), len(sel), k + 1, len(tree), 0))
+            last, k = tree.verify(sel, path, pos)
+            out.append(IterationTrace(_with_pending(pre, pending), (), len(sel), k + 1, len(tree), 0))
+            pending = tree.unexpanded_on_path(last)
             pos += k + 1
         return out
     # async (Algorithm 1)
+    limit = 1 + policy.d * policy.w * policy.w  # = runtime.tree.keep_limit (not imported: it pulls in torch)
     tree = RankTree(logq, policy.w, policy.max_depth)
+    pending = 0
     while pos < max_new_tokens:
         pre = []
         while len(tree) < policy.bs:
@@ -234,7 +266,8 @@ def request_trajectory(
             f = tree.expand()
             if f == 0:
                 break
-            pre.append((f, size))
+            pre.append((f + pending, size))
+            pending = 0
         size_sent = len(tree)
         sel = tree.select(policy.bs)
         overlap = []
@@ -243,10 +276,21 @@ def request_trajectory(
             f = tree.expand()
             if f == 0:
                 break
-            overlap.append((f, size))
+            overlap.append((f + pending, size))
+            pending = 0
         last, k = tree.verify(sel, path, pos)
         bonus = int(path[pos + k]) if pos + k < len(path) else -1
-        kept = len(tree) if tree.advance(last, bonus) else 0
+        unexpanded = tree.unexpanded_on_path(last)
+        kept = len(tree) if tree.advance(last, bonus, limit) else 0
+        pending = 0 if kept else unexpanded
         out.append(IterationTrace(tuple(pre), tuple(overlap), len(sel), k + 1, size_sent, kept))
         pos += k + 1
     return out
+
+
+def _with_pending(forwards, pending: int) -> tuple[tuple[int, int], ...]:
+    """`forwards` with `pending` tokens added to the first one (see IterationTrace.pre)."""
+    fw = tuple(forwards)
+    if not pending or not fw:
+        return fw
+    return ((fw[0][0] + pending, fw[0][1]), *fw[1:])

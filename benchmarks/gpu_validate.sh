@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Predicted vs measured on ONE H200 in one device call (<= 3.5 minutes): `swiftspec validate`.
+#
+#   bash benchmarks/gpu_validate.sh          # on the GPU machine, from the repository root
+#
+# 21 configurations: 3 pairs (Llama-3-8B + Llama-3.2-1B, Llama-3.2-3B + Llama-3.2-1B, Llama-3.2-1B
+# self-draft; random bf16 weights at real shapes) x {autoregressive, chain k=2/4, serial bs4-w2-d2,
+# bs8-w8-d3, bs16-w4-d4, Sequoia static bs8}, acceptance replayed from the measured SmolLM2 pair
+# profile (swiftspec/data/acceptance/smollm2-135m__int3g32.json). Each is predicted from the measured
+# H200 profile (swiftspec/data/profiles/h200-measured) BEFORE anything runs, for the exact workload
+# (4 builtin prompts, 96 new tokens, the same rank paths); then all run in one process, models loaded
+# once, CUDA graphs captured once per model. Host work per forward/token is calibrated first on a
+# tiny model (~10 s). Budget: ~30 s start-up + ~10 s calibration + ~10 s loading/graphs +
+# 21 x ~2.5 s decoding (4 x 96 tokens at 100-400 tok/s, + a 16-token warm-up) ~ 2 minutes.
+#
+# Writes $OUT/validation/{report.csv, report.json, host.csv} and $OUT/validation.log (per-config
+# predictions and measurements as they happen, so a cut-short run still tells what it saw).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-/tmp/swiftspec-out}
+PY=${PY:-python3}
+PROFILE=${PROFILE:-swiftspec/data/profiles/h200-measured}
+BUDGET=${BUDGET:-200}
+mkdir -p "$OUT/validation"
+if [ ! -f "$PROFILE/compute.csv" ]; then
+  echo "error: $PROFILE/compute.csv not found: install the measured H200 profile first" | tee "$OUT/validation.log"
+  exit 2
+fi
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null || true
+timeout "$BUDGET" $PY -m swiftspec validate --gpus 1 --device cuda --profile "$PROFILE" \
+    --prompts "${PROMPTS:-4}" --max-new-tokens "${MAX_NEW:-96}" ${CONFIGS:+--configs "$CONFIGS"} \
+    -o "$OUT/validation" 2>&1 | tee "$OUT/validation.log"
+echo "validate exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s"
+ls -la "$OUT/validation"

@@ -1,0 +1,147 @@
+"""kernels: kernel and step latency against the HBM floor, from committed benchmark results.
+
+Inputs (files, or folders holding them; default: the newest `kernels_*.json` and every
+`bench_step-*.csv` in benchmarks/results/):
+
+  kernels_<date>.json / .csv   (benchmarks/bench_kernels.py) rows: kv, queries, heads, impl, us,
+                               floor_us; impl `triton` (split-KV tree attention), `sdpa_mask`,
+                               `sdpa_nomask`. Floor = bytes of K, V, q, out / copy bandwidth.
+  bench_step-<tag>.csv         (benchmarks/bench_step.py) rows: model, tokens, kv_len, attention,
+                               impl, median_ms, floor_ms; one decoder forward (CUDA graph replay),
+                               floor = weight + KV bytes / copy bandwidth.
+
+Panels: tree attention µs vs kv length for 32/8 and 8/1 heads (median over query counts, bars
+from the fewest to the most queries), and a whole forward's ms vs tokens per model and attention
+back end at the smallest kv length, each with its floor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from swiftspec.spec import UserError
+from swiftspec.studies.figure import Progress, StudyOutput, finish, new_figure, results_dir
+
+NAME = "kernels"
+DESCRIPTION = "tree-attention and decoder-step latency vs the HBM floor (benchmarks/results); -i FILES or DIR"
+KERNEL_COLUMNS = ("kv", "queries", "heads", "impl", "us", "floor_us")
+STEP_COLUMNS = ("model", "tokens", "kv_len", "attention", "impl", "median_ms", "floor_ms")
+ATTN_IMPLS = {"sdpa_mask": ("torch SDPA, boolean tree mask", "tab:gray"),
+              "sdpa_nomask": ("torch SDPA, no mask", "0.6"),
+              "triton": ("swiftspec Triton split-KV", "tab:red")}
+STEP_IMPL = "swiftspec-replay"  # CUDA-graph replay of the runtime's forward (what the runtime does)
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    try:
+        if path.suffix == ".json":
+            d = json.loads(path.read_text())
+            rows = d.get("rows") if isinstance(d, dict) else None
+            if rows is None:
+                raise UserError(f"{path}: expected a JSON object with a `rows` list (a benchmark result file)")
+            return pd.DataFrame(rows)
+        return pd.read_csv(path)
+    except (ValueError, pd.errors.ParserError) as e:
+        raise UserError(f"{path} is malformed: {str(e).splitlines()[0]}") from None
+
+
+def _check(df: pd.DataFrame, cols: Sequence[str], path: Path) -> pd.DataFrame:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise UserError(f"{path} lacks columns {', '.join(missing)} (expected a bench_kernels / bench_step result)")
+    return df
+
+
+def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """(kernel rows, step rows with a `source` column, file names used) from files or folders."""
+    files: list[Path] = []
+    for raw in inputs:
+        p = Path(raw)
+        if not p.exists():
+            raise UserError(f"study {NAME}: -i {p} not found")
+        files += sorted(p.glob("kernels_*.json")) + sorted(p.glob("bench_step-*.csv")) if p.is_dir() else [p]
+    if not inputs:
+        d = results_dir()
+        kern = sorted(d.glob("kernels_*.json")) if d.is_dir() else []
+        files = kern[-1:] + (sorted(d.glob("bench_step-*.csv")) if d.is_dir() else [])
+        if not files:
+            raise UserError(f"study {NAME}: no benchmark results in {d}: give -i kernels_<date>.json bench_step-<tag>.csv")
+    kernels, steps = [], []
+    for f in files:
+        df = _read_table(f)
+        if "floor_us" in df.columns or f.name.startswith("kernels_"):
+            kernels.append(_check(df, KERNEL_COLUMNS, f))
+        elif "floor_ms" in df.columns or f.name.startswith("bench_step"):
+            steps.append(_check(df, STEP_COLUMNS, f).assign(source=f.stem))
+        else:
+            raise UserError(f"{f} is neither a kernel benchmark (floor_us) nor a step benchmark (floor_ms) result")
+    k = pd.concat(kernels, ignore_index=True) if kernels else pd.DataFrame(columns=KERNEL_COLUMNS)
+    s = pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(columns=[*STEP_COLUMNS, "source"])
+    if k.empty and s.empty:
+        raise UserError(f"study {NAME}: the inputs hold no benchmark rows")
+    return k, s, [f.name for f in files]
+
+
+def draw(kernels: pd.DataFrame, steps: pd.DataFrame, title: str):
+    heads = [h for h in ("32/8", "8/1") if h in set(kernels.get("heads", []))]
+    n = len(heads) + (1 if len(steps) else 0)
+    fig = new_figure(4.6 * max(n, 1), 4.8)
+    axes = list(fig.subplots(1, max(n, 1), squeeze=False)[0])
+    for ax, h in zip(axes, heads):
+        k = kernels[kernels["heads"] == h]
+        for impl, (label, color) in ATTN_IMPLS.items():
+            g = k[k["impl"] == impl].groupby("kv")["us"]
+            if not len(g):
+                continue
+            med, lo, hi = g.median(), g.min(), g.max()
+            ax.errorbar(med.index, med.values, yerr=[med - lo, hi - med], marker="o", capsize=3, color=color,
+                        label=label)
+        floor = k.dropna(subset=["floor_us"]).groupby("kv")["floor_us"].median()
+        ax.plot(floor.index, floor.values, "k--", label="HBM floor (bytes / copy bandwidth)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("kv length (cached tokens)")
+        ax.set_ylabel("tree attention latency (µs)")
+        q = sorted(k["queries"].unique())
+        ax.set_title(f"tree attention, {h} heads, D 128 ({q[0]}-{q[-1]} queries)", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    if len(steps):
+        ax = axes[len(heads)]
+        kv = int(steps["kv_len"].min())
+        s = steps[(steps["impl"] == STEP_IMPL) & (steps["kv_len"] == kv)]
+        if s.empty:  # an older result without replay rows: the captured graph
+            s = steps[(steps["kv_len"] == kv) & steps["impl"].str.contains("graph")]
+        colors = dict(zip(sorted(s["model"].unique()), ("tab:blue", "tab:green", "tab:purple", "tab:brown")))
+        styles = {a: ls for a, ls in zip(sorted(s["attention"].unique()), ("-", "-.", ":", (0, (5, 1))))}
+        for (model, attn), g in s.groupby(["model", "attention"]):
+            g = g.groupby("tokens")["median_ms"].median()
+            ax.plot(g.index, g.values, marker="o", ms=3, color=colors[model], ls=styles[attn],
+                    label=f"{model}, {attn}")
+        for model, g in s.groupby("model"):
+            f = g.groupby("tokens")["floor_ms"].median()
+            ax.plot(f.index, f.values, color=colors[model], ls="--", lw=1, alpha=0.7)
+        ax.plot([], [], "k--", lw=1, label="HBM floor (weights + KV / copy bandwidth)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per forward")
+        ax.set_ylabel("decoder forward latency (ms)")
+        ax.set_title(f"one forward (CUDA graph replay), kv {kv}", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def main(inputs: Sequence[str | Path] = (), out_dir: str | Path = ".", progress: Progress = None) -> StudyOutput:
+    kernels, steps, names = load_results(inputs)
+    title = "kernel and step latency against the HBM floor (bf16, batch 1)"
+    fig = draw(kernels, steps, title)
+    labels = [f"results: {', '.join(names)}"]
+    if len(steps) and "weights" not in steps.columns:
+        labels.append("step benchmarks use random weights at real shapes")
+    return finish(fig, NAME, inputs, out_dir, labels)

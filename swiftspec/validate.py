@@ -1,0 +1,548 @@
+"""`swiftspec validate`: predict many configurations from a profile, then run them; report the error.
+
+For every configuration (model pair x mode x tree policy that fits one device) the prediction is
+made and recorded first, from the profile and an acceptance profile; then all configurations run
+in ONE process, models loaded once per pair and their CUDA graphs captured once (one `ModelRunner`
+per model, sized for the largest configuration, reset between prompts). Acceptance is replayed
+(synthetic, `runtime/synthetic.py`): the same rank paths drive the simulator and the runtime's
+verifier, and the draft tree is shaped by the profile's log q[rank], so predicted and measured
+accepted lengths agree exactly and the tokens/s error measures latency modelling alone.
+
+Host work: the profile's `host` rows are per iteration of one reference policy; the runtime's host
+work grows with the draft forwards and the tokens in them. Unless told not to, `validate` first
+measures it (`calibrate_host`): the runtime's own `generate` loop on a tiny model, for several
+policies per mode, minus the forwards' device time, fitted (non-negative least squares) as
+    host = base[mode] per iteration + per_forward x draft forwards + per_token x draft tokens
+           + per_node x verified nodes
+and written as rows `host` (base), `host_expansion` (per_forward + per_token x tokens) and
+`host_verify` (per_node x tokens), which the latency model reads. This is a profile measurement
+(a tiny model, other policies), not a fit to the configurations validated.
+
+Outputs (folder -o): report.csv (one row per configuration), report.json (rows, summary: median
+and max |error|, and meta: run_metadata(), profile / acceptance labels, weights), host.csv.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from swiftspec.spec import Mode, ModelSpec, Profile, Split, TreePolicy, UserError
+
+REPORT_COLUMNS = (
+    "config", "target", "draft", "mode", "policy", "prompts", "max_new_tokens",
+    "predicted_tokens_per_s", "measured_tokens_per_s", "error_pct",
+    "predicted_accepted", "measured_accepted", "predicted_iteration_ms", "measured_iteration_ms",
+    "measured_forward_ms", "measured_host_ms", "predicted_host_ms",
+)
+CUDA_PAIRS = (("Llama-3-8B", "Llama-3.2-1B"), ("Llama-3.2-3B", "Llama-3.2-1B"), ("Llama-3.2-1B", "Llama-3.2-1B"))
+DYNAMIC = ((4, 2, 2), (8, 8, 3), (16, 4, 4))  # (bs, w, d) of the serial configurations
+CHAIN_K = (2, 4)
+HOST_CAL = {
+    Mode.autoregressive: (TreePolicy.autoregressive(),),
+    Mode.chain: (TreePolicy.chain(2), TreePolicy.chain(6)),
+    Mode.serial: (TreePolicy(bs=4, w=1, d=3), TreePolicy(bs=8, w=8, d=2), TreePolicy(bs=16, w=4, d=5),
+                  TreePolicy(bs=32, w=8, d=4)),
+}
+HOST_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration to predict and run on one device."""
+
+    target: str
+    draft: str | None
+    mode: Mode
+    policy: TreePolicy
+
+    @property
+    def label(self) -> str:
+        t = Path(self.target).name
+        if self.mode is Mode.autoregressive:
+            return f"{t} autoregressive"
+        return f"{t} + {Path(self.draft).name} {self.mode.value} {self.policy.key}"
+
+
+def default_configs(pairs: Sequence[tuple[str, str]], acceptance_positional: Sequence[float],
+                    limit: int | None = None) -> list[Config]:
+    """Per pair: autoregressive (once per target), chain k in CHAIN_K, serial trees DYNAMIC and the
+    Sequoia static tree of 8 nodes; interleaved over pairs so that `limit` keeps every pair."""
+    from swiftspec.sim.tree_dp import best_static_tree
+
+    _, topo = best_static_tree(list(acceptance_positional), 8)
+    static = TreePolicy(bs=len(topo), w=1, d=0, kind="static", topology=tuple(int(p) for p in topo))
+    per_pair: list[list[Config]] = []
+    seen_ar: set[str] = set()
+    for t, d in pairs:
+        cs = []
+        if t not in seen_ar:
+            seen_ar.add(t)
+            cs.append(Config(t, None, Mode.autoregressive, TreePolicy.autoregressive()))
+        cs += [Config(t, d, Mode.chain, TreePolicy.chain(k)) for k in CHAIN_K]
+        cs += [Config(t, d, Mode.serial, TreePolicy(bs=b, w=w, d=dd)) for b, w, dd in DYNAMIC]
+        cs.append(Config(t, d, Mode.serial, static))
+        per_pair.append(cs)
+    out = [c for row in _interleave(per_pair) for c in row]
+    return out[:limit] if limit else out
+
+
+def _interleave(lists: list[list]) -> list[list]:
+    n = max((len(x) for x in lists), default=0)
+    return [[x[i] for x in lists if i < len(x)] for i in range(n)]
+
+
+# --------------------------------------------------------------------------------------------
+# device time of forwards
+
+
+class _TimedGraph:
+    def __init__(self, graph, log: list):
+        self.graph, self.log = graph, log
+
+    def replay(self) -> None:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        self.graph.replay()
+        e.record()
+        self.log.append((s, e))
+
+
+class ForwardClock:
+    """Device time of every forward of some runners: CUDA events around graph replays, else
+    perf_counter around `ModelRunner._run` (CPU: the forward *is* host time, as in the profile)."""
+
+    def __init__(self, runners: Sequence) -> None:
+        self.log: list = []
+        for r in runners:
+            if r.graphs is not None and r.graphs.use_graphs:
+                if not isinstance(next(iter(r.graphs.graphs.values())), _TimedGraph):
+                    r.graphs.graphs = {b: _TimedGraph(g, self.log) for b, g in r.graphs.graphs.items()}
+                else:
+                    for g in r.graphs.graphs.values():
+                        g.log = self.log
+            else:
+                run = getattr(r, "_untimed_run", r._run)
+                r._untimed_run = run
+
+                def timed(*a, _run=run, **k):
+                    t = time.perf_counter()
+                    out = _run(*a, **k)
+                    self.log.append((time.perf_counter() - t) * 1e3)
+                    return out
+
+                r._run = timed
+
+    def take(self, skip: int = 0) -> float:
+        """ms of the forwards logged since the last take, the first `skip` left out."""
+        vals = [x if isinstance(x, float) else x[0].elapsed_time(x[1]) for x in self.log[skip:]]
+        self.log.clear()
+        return float(sum(vals))
+
+
+# --------------------------------------------------------------------------------------------
+# host calibration
+
+
+def _tiny_model(device: str):
+    from swiftspec.runtime.weights import load_model
+
+    folder = Path(tempfile.mkdtemp(prefix="swiftspec-validate-"))
+    cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=128,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+               max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="float32")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return load_model(folder, weights="random", device=device, dtype=dtype, seed=0)
+
+
+def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 32, seed: int = 0,
+                   modes: Sequence[Mode] = tuple(HOST_CAL)) -> tuple[pd.DataFrame, dict]:
+    """Host work of the runtime's `generate` loop (module docstring): profile rows and the fit.
+
+    Returns (rows with the Profile.compute columns, {"base": {mode: ms}, "per_forward": ms,
+    "per_token": ms, "per_node": ms, "samples": n}).
+    """
+    from scipy.optimize import nnls
+
+    from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
+    from swiftspec.runtime.generate import GenerateConfig, generate
+    from swiftspec.runtime.synthetic import SyntheticVerifier, rank_logprobs, rank_paths
+
+    model = _tiny_model(device)
+    logq = tuple(rank_logprobs(acceptance))
+    paths = rank_paths(acceptance, prompts, new_tokens + 64, seed)
+    gen = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(0, model.spec.vocab, (24,), generator=gen).tolist() for _ in range(prompts)]
+    target = ModelRunner(model, 1024)
+    draft = ModelRunner(model, 1024)
+    clock = ForwardClock([target, draft])
+    X, y = [], []
+    mode_list = list(modes)
+    for mode in mode_list:
+        for policy in HOST_CAL[mode]:
+            spec = mode is not Mode.autoregressive
+            cfg = GenerateConfig(mode=mode, policy=policy, max_new_tokens=new_tokens, keep_subtree=False,
+                                 rank_logprobs=logq if spec else None)
+            for rep in range(prompts + 1):  # the first decode warms up (allocations, graph inputs)
+                pi = rep % prompts
+                for r in (target, draft):
+                    r.prefix_len, r.tree_len, r.pending = 0, 0, []
+                clock.take()
+                res = generate(target, draft if spec else None, ids[pi], cfg,
+                               verifier=SyntheticVerifier(paths[pi]) if spec else None)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * (2 if spec else 1)
+                fwd = clock.take(skip)
+                if rep == 0:
+                    continue
+                host = res.decode_s * 1e3 - fwd
+                onehot = [float(res.iterations if m is mode else 0) for m in mode_list]
+                X.append([*onehot, sum(len(r.forward_tokens) for r in res.records),
+                          sum(sum(r.forward_tokens) for r in res.records), sum(r.verified for r in res.records)])
+                y.append(host)
+    coef, _ = nnls(np.asarray(X), np.asarray(y))
+    base = {m.value: float(c) for m, c in zip(mode_list, coef)}
+    per_forward, per_token, per_node = (float(c) for c in coef[len(mode_list):])
+    rows = []
+    for m in mode_list:
+        rows.append({"op": "host", "model": m.value, "tp": 1, "tokens": 0, "kv_len": 0, "ms": base[m.value]})
+        for t in HOST_TOKENS:
+            if m is not Mode.autoregressive:
+                rows.append({"op": "host_expansion", "model": m.value, "tp": 1, "tokens": t, "kv_len": 0,
+                             "ms": per_forward + per_token * t})
+            rows.append({"op": "host_verify", "model": m.value, "tp": 1, "tokens": t, "kv_len": 0,
+                         "ms": per_node * t})
+    fit = {"base": base, "per_forward": per_forward, "per_token": per_token, "per_node": per_node,
+           "samples": len(y)}
+    return pd.DataFrame(rows), fit
+
+
+def with_host_rows(profile: Profile, rows: pd.DataFrame) -> Profile:
+    """The profile with its host rows for the calibrated modes replaced by `rows`."""
+    c = profile.compute
+    ops = {"host", "host_expansion", "host_verify"}
+    drop = c["op"].isin(ops) & c["model"].isin(set(rows["model"]))
+    compute = pd.concat([c[~drop], rows], ignore_index=True)
+    meta = {**profile.meta, "host_calibrated": True}
+    return Profile(compute=compute, comm=profile.comm, meta=meta)
+
+
+# --------------------------------------------------------------------------------------------
+# the sweep
+
+
+@dataclass
+class ValidationReport:
+    """rows: one per configuration (REPORT_COLUMNS); summary: median/max |error|; meta: labels."""
+
+    rows: pd.DataFrame
+    summary: dict
+    meta: dict
+
+    def write(self, folder: str | Path) -> Path:
+        from swiftspec.files import atomic_dir
+
+        folder = Path(folder)
+        doc = {"meta": self.meta, "summary": self.summary,
+               "rows": json.loads(self.rows.to_json(orient="records"))}
+        with atomic_dir(folder) as tmp:
+            self.rows.to_csv(tmp / "report.csv", index=False)
+            (tmp / "report.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+            if "host_rows" in self.meta:
+                pd.DataFrame(self.meta["host_rows"]).to_csv(tmp / "host.csv", index=False)
+        return folder
+
+
+def summarize(rows: pd.DataFrame) -> dict:
+    """median and max |error_pct| over configurations with both numbers, and how many."""
+    err = rows["error_pct"].dropna().abs()
+    if err.empty:
+        return {"configs": int(len(rows)), "compared": 0, "median_abs_error_pct": None, "max_abs_error_pct": None}
+    worst = rows.loc[err.idxmax(), "config"]
+    return {"configs": int(len(rows)), "compared": int(len(err)), "median_abs_error_pct": float(err.median()),
+            "max_abs_error_pct": float(err.max()), "worst": str(worst),
+            "goal": "median |error| <= 3 %, max <= 8 %",
+            "goal_met": bool(err.median() <= 3.0 and err.max() <= 8.0)}
+
+
+def _default_profile(device: str) -> str | None:
+    from importlib import resources
+
+    if device != "cuda":
+        return None
+    p = Path(str(resources.files("swiftspec") / "data" / "profiles" / "h200-measured"))
+    return str(p) if (p / "compute.csv").exists() else None
+
+
+def _default_acceptance() -> str | None:
+    from importlib import resources
+
+    p = Path(str(resources.files("swiftspec") / "data" / "acceptance" / "smollm2-135m__int3g32.json"))
+    return str(p) if p.exists() else None
+
+
+def validate(
+    *,
+    gpus: int = 1,
+    device: str = "cuda",
+    configs: int | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    profile: str | None = None,
+    acceptance: str | None = None,
+    weights: str = "random",
+    prompts: int = 3,
+    max_new_tokens: int = 64,
+    calibrate: bool = True,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    """Predict, then run, every configuration (module docstring). Returns the report (not written)."""
+    from swiftspec.files import run_metadata
+    from swiftspec.runtime.launch import load_prompts
+    from swiftspec.runtime.synthetic import rank_logprobs, rank_paths
+    from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
+    from swiftspec.sim.latency import LatencyModel
+    from swiftspec.sim.predict_run import predict_run
+    from swiftspec.sim.profile_default import default_profile
+    from swiftspec.spec import AcceptanceProfile
+
+    say = log or (lambda s: None)
+    if gpus != 1:
+        raise UserError("validate runs on one device for now (--gpus 1): async needs two GPUs and a launcher")
+    if device not in ("cuda", "cpu"):
+        raise UserError(f"--device must be cuda or cpu, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
+    if prompts < 1 or max_new_tokens < 1 or (configs is not None and configs < 1):
+        raise UserError("--prompts, --max-new-tokens and --configs must be positive")
+    if weights not in ("random", "checkpoint"):
+        raise UserError(f"weights must be random or checkpoint, got {weights!r}")
+    pairs = list(pairs or (CUDA_PAIRS if device == "cuda" else ()))
+    if not pairs:
+        raise UserError("give model pairs: --pairs TARGET:DRAFT,... (on cpu: checkpoint folders or bundled names)")
+
+    profile = profile or _default_profile(device)
+    if profile is None:
+        if device == "cpu":
+            raise UserError("--device cpu needs a CPU profile: give --profile DIR (from `swiftspec profile compute --device cpu`)")
+        prof, prof_label = default_profile()[0], "derived"
+    else:
+        prof = Profile.load(profile)
+        prof_label = prof.label
+    if prof.meta.get("device", "cuda") != device:
+        raise UserError(f"profile {profile} was measured on {prof.meta.get('device')}, not {device}")
+    acceptance = acceptance or _default_acceptance()
+    acc = AcceptanceProfile.load(acceptance) if acceptance else default_acceptance()[0]
+    acc_label = acc.label if acc.synthetic else f"synthetic (replay of measured {Path(acceptance).name})"
+    acc_model = AcceptanceModel(acc)
+
+    cfgs = default_configs(pairs, acc.positional, configs)
+    host_fit, host_rows = None, None
+    if calibrate:
+        say("calibrating host work per iteration (tiny model, runtime generate loop) ...")
+        rows, host_fit = calibrate_host(device, acc, seed=seed)
+        prof = with_host_rows(prof, rows)
+        host_rows = rows.to_dict(orient="records")
+        say("host fit: " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in host_fit.items()
+                                       if k != "base"}) + " base " + json.dumps({k: round(v, 4) for k, v in host_fit["base"].items()}))
+    lat = LatencyModel(prof)
+
+    # prompts and rank paths: the same for every configuration
+    vocab = min(ModelSpec.from_config(t).vocab for pair in pairs for t in pair)
+    ids, how = load_prompts("builtin", pairs[0][0], vocab, prompts)
+    paths = rank_paths(acc, len(ids), max_new_tokens + 64, seed)
+    logq = tuple(rank_logprobs(acc))
+    prompt_lens = [len(p) for p in ids]
+
+    # 1. predictions, recorded before anything runs
+    preds: dict[Config, dict] = {}
+    for c in cfgs:
+        t = ModelSpec.from_config(c.target)
+        d = ModelSpec.from_config(c.draft) if c.draft else None
+        split = Split.shared(1, with_draft=c.mode is not Mode.autoregressive)
+        try:
+            res = predict_run(lat, acc_model, t, d, split, c.mode, c.policy, prompt_lens, max_new_tokens, paths)
+            s = res.summary
+            preds[c] = {"tokens_per_s": s.tokens_per_s_mean, "accepted": s.mean_accepted,
+                        "iteration_ms": s.iteration_ms,
+                        "host_ms": _host_per_iteration(lat, acc_model, c, paths, max_new_tokens)}
+            say(f"predicted {c.label}: {s.tokens_per_s_mean:.1f} tok/s, accepted {s.mean_accepted:.2f}, "
+                f"iteration {s.iteration_ms:.3f} ms")
+        except UserError as e:
+            preds[c] = {"error": str(e)}
+            say(f"no prediction for {c.label}: {e}")
+    say(f"predicted {sum('error' not in p for p in preds.values())} of {len(cfgs)} configurations")
+
+    # 2. run them all in this process
+    measured = _run_all(cfgs, ids, paths, logq, max_new_tokens, device, weights, seed, say)
+
+    rows = []
+    for c in cfgs:
+        p, m = preds[c], measured[c]
+        ptps = p.get("tokens_per_s")
+        err = 100.0 * (m["tokens_per_s"] - ptps) / ptps if ptps and m["tokens_per_s"] == m["tokens_per_s"] else None
+        rows.append({"config": c.label, "target": Path(c.target).name, "draft": Path(c.draft).name if c.draft else None,
+                     "mode": c.mode.value, "policy": c.policy.key, "prompts": len(ids), "max_new_tokens": max_new_tokens,
+                     "predicted_tokens_per_s": ptps, "measured_tokens_per_s": m["tokens_per_s"], "error_pct": err,
+                     "predicted_accepted": p.get("accepted"), "measured_accepted": m["accepted"],
+                     "predicted_iteration_ms": p.get("iteration_ms"), "measured_iteration_ms": m["iteration_ms"],
+                     "measured_forward_ms": m["forward_ms"], "measured_host_ms": m["host_ms"],
+                     "predicted_host_ms": p.get("host_ms")})  # fmt: skip
+    table = pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
+    meta = {**run_metadata(device), "profile": profile or "builtin:h200-derived", "profile_label": prof_label,
+            "acceptance": acceptance or "builtin:qwen2-72b-table7", "acceptance_label": acc_label,
+            "weights": weights, "device": device, "gpus": gpus, "pairs": [list(p) for p in pairs],
+            "prompts": len(ids), "prompt_lens": prompt_lens, "tokenized_with": how,
+            "max_new_tokens": max_new_tokens, "seed": seed,
+            "host_calibration": host_fit, "load": _load(),
+            "notes": "predicted: simulated for this run's own workload (prompt lengths, max_new_tokens, the "
+                     "rank paths the synthetic verifier replays); measured: decode tokens/s (prefill excluded), "
+                     "mean over prompts; forward_ms / host_ms: per iteration, device time of the forwards "
+                     "(CUDA events; CPU: perf_counter) and the rest"}  # fmt: skip
+    if host_rows is not None:
+        meta["host_rows"] = host_rows
+    return ValidationReport(table, summarize(table), meta)
+
+
+def _host_per_iteration(lat, acc_model, c: Config, paths, max_new: int) -> float:
+    """Predicted host ms per iteration: base + host of every draft forward + of the verify."""
+    from swiftspec.sim.predict_run import run_trajectories
+
+    total, n = 0.0, 0
+    base = lat.host_ms(c.mode)
+    for traj in run_trajectories(acc_model, c.mode, c.policy, paths, max_new):
+        for tr in traj:
+            total += base + lat.host_verify_ms(c.mode, tr.sent)
+            total += sum(lat.host_expansion_ms(c.mode, f) for f, _ in (*tr.pre, *tr.overlap))
+            n += 1
+    return total / max(n, 1)
+
+
+def _load() -> list[float] | None:
+    try:
+        import os
+
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], logq: tuple[float, ...],
+             max_new: int, device: str, weights: str, seed: int, say) -> dict[Config, dict]:
+    """Run every configuration (models and runners made once, reused); measured numbers per config."""
+    from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
+    from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
+    from swiftspec.runtime.synthetic import SyntheticVerifier
+    from swiftspec.runtime.tree import tree_slots_needed
+    from swiftspec.runtime.weights import load_model
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    longest = max(len(p) for p in ids)
+    slots = max(cache_slots(longest, max_new, c.policy, draft=True) for c in cfgs) + 8
+    # graphs take tree masks as wide as the widest tree region (+ pending tokens), not the whole
+    # cache: the tree attention kernel reads prefix + mask width keys, the profile timed prefix + T
+    max_tree = max(tree_slots_needed(c.policy) + 2 * c.policy.bs + 8 for c in cfgs)
+    models: dict[tuple, object] = {}
+    runners: dict[tuple, ModelRunner] = {}
+
+    def model(name: str, role: str):
+        # random weights: a self-draft is the target itself; a distinct draft gets its own seed
+        key = (name, seed)
+        if key not in models:
+            t0 = time.perf_counter()
+            models[key] = load_model(name, weights=weights, device=device, dtype=dtype, seed=seed)
+            say(f"loaded {Path(name).name} ({weights} weights) in {time.perf_counter() - t0:.1f} s")
+        return models[key]
+
+    def runner(name: str, role: str) -> ModelRunner:
+        key = (name, role)
+        if key not in runners:
+            t0 = time.perf_counter()
+            runners[key] = ModelRunner(model(name, role), slots, max_tree=max_tree)
+            say(f"runner {Path(name).name} ({role}): {slots} KV slots, tree masks <= {max_tree}, graphs in "
+                f"{time.perf_counter() - t0:.1f} s")
+        return runners[key]
+
+    out: dict[Config, dict] = {}
+    for i, c in enumerate(cfgs):
+        spec = c.mode is not Mode.autoregressive
+        target = runner(c.target, "target")
+        draft = runner(c.draft, "draft") if spec else None
+        rs = [target] + ([draft] if draft is not None else [])
+        clock = ForwardClock(rs)
+        cfg = GenerateConfig(mode=c.mode, policy=c.policy, max_new_tokens=max_new, keep_subtree=False,
+                             rank_logprobs=logq if spec else None)
+
+        def once(pi: int, cfg=cfg, target=target, draft=draft, rs=rs, clock=clock, spec=spec):
+            for r in rs:
+                r.prefix_len, r.tree_len, r.pending = 0, 0, []
+            if device == "cuda":
+                torch.cuda.synchronize()
+            clock.take()
+            res = generate(target, draft, ids[pi], cfg, verifier=SyntheticVerifier(paths[pi]) if spec else None)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * len(rs)
+            return res, clock.take(skip)
+
+        tps, acc, it_ms, fwd_ms, host_ms = [], [], [], [], []
+        try:
+            once(0, replace(cfg, max_new_tokens=min(max_new, 16)))  # warm-up: allocator, caches, first replays
+            for pi in range(len(ids)):
+                res, fwd = once(pi)
+                tps.append(len(res.tokens) / res.decode_s)
+                acc.extend(r.accepted for r in res.records)
+                it_ms.append(res.decode_s * 1e3 / res.iterations)
+                fwd_ms.append(fwd / res.iterations)
+                host_ms.append((res.decode_s * 1e3 - fwd) / res.iterations)
+        except (RuntimeError, ValueError) as e:  # one broken configuration must not sink the sweep
+            say(f"[{i + 1}/{len(cfgs)}] {c.label} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            nan = float("nan")
+            out[c] = {"tokens_per_s": nan, "accepted": nan, "iteration_ms": nan, "forward_ms": nan, "host_ms": nan}
+            continue
+        out[c] = {"tokens_per_s": float(np.mean(tps)), "accepted": float(np.mean(acc)),
+                  "iteration_ms": float(np.mean(it_ms)), "forward_ms": float(np.mean(fwd_ms)),
+                  "host_ms": float(np.mean(host_ms))}
+        say(f"[{i + 1}/{len(cfgs)}] {c.label}: {out[c]['tokens_per_s']:.1f} tok/s, accepted {out[c]['accepted']:.2f}")
+    return out
+
+
+def format_report(rep: ValidationReport) -> str:
+    """The table `swiftspec validate` prints, then the summary line and labels."""
+    t = rep.rows
+    show = pd.DataFrame({
+        "config": t["config"], "pred tok/s": t["predicted_tokens_per_s"].map(_f1),
+        "meas tok/s": t["measured_tokens_per_s"].map(_f1),
+        "error": t["error_pct"].map(lambda x: "-" if x is None or x != x else f"{x:+.1f}%"),
+        "pred acc": t["predicted_accepted"].map(_f2), "meas acc": t["measured_accepted"].map(_f2),
+        "pred iter ms": t["predicted_iteration_ms"].map(_f2), "meas iter ms": t["measured_iteration_ms"].map(_f2),
+        "meas fwd ms": t["measured_forward_ms"].map(_f2), "meas host ms": t["measured_host_ms"].map(_f2),
+    })  # fmt: skip
+    s, m = rep.summary, rep.meta
+    lines = [f"profile: {m['profile']} ({m['profile_label']})   acceptance: {m['acceptance_label']}   "
+             f"weights: {m['weights']}   device: {m['device']}",
+             f"workload: {m['prompts']} prompts ({m['tokenized_with']}), {m['max_new_tokens']} new tokens each",
+             show.to_string(index=False)]
+    if s.get("compared"):
+        lines.append(f"median |error| {s['median_abs_error_pct']:.2f} %   max |error| {s['max_abs_error_pct']:.2f} % "
+                     f"({s['worst']})   over {s['compared']} configurations; goal: {s['goal']}")
+    return "\n".join(lines)
+
+
+def _f1(x) -> str:
+    return "-" if x is None or x != x else f"{x:.1f}"
+
+
+def _f2(x) -> str:
+    return "-" if x is None or x != x else f"{x:.2f}"

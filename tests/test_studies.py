@@ -1,0 +1,206 @@
+"""`swiftspec study`: every figure renders on CPU from small inputs, with its axes and its command.
+
+Simulated studies run the real planner on a few GPU counts / cells / budgets; the measured ones
+read a 40 KB subset of an H200 run log (tests/data/runlog-h200-async-mini: prompt 0, iterations
+0-14 of each task) and the committed benchmark results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from swiftspec.spec import UserError
+from swiftspec.studies import (
+    STUDIES,
+    list_studies,
+    run_study,
+    speedup_vs_gpus,
+    split_heatmap,
+    timeline,
+    tree_budget,
+    validation,
+)
+from swiftspec.studies import kernels as kernels_study
+from swiftspec.studies.simulated import load
+
+DATA = Path(__file__).parent / "data"
+RUNLOG = DATA / "runlog-h200-async-mini"
+RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
+MEASURED_ACC = Path(__file__).parents[1] / "swiftspec" / "data" / "acceptance" / "smollm2-135m__int3g32.json"
+
+
+def check_written(out, name: str, labels: list[tuple[str, str]]) -> None:
+    """PNG and SVG exist and are non-empty; every (xlabel, ylabel) is on some axes and in the SVG text;
+    the footer holds the regenerate command."""
+    png, svg = out.paths
+    assert png.name == f"{name}.png" and svg.name == f"{name}.svg"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    text = svg.read_text()
+    assert text.lstrip().startswith("<?xml") and "</svg>" in text
+    axes = {(x, y) for _, x, y in out.axes}
+    for xl, yl in labels:
+        assert (xl, yl) in axes, (xl, yl, axes)
+        assert f"<!-- {xl} -->" in text and f"<!-- {yl} -->" in text  # matplotlib keeps text as comments
+    assert out.command.startswith(f"swiftspec study {name}")
+    assert out.command in text  # footer text (as a comment) and metadata
+    assert not list(png.parent.glob(".*.tmp")) and not list(png.parent.glob(f".{name}*"))
+
+
+@pytest.fixture(scope="module")
+def sim_inputs():
+    return load(None, None)
+
+
+def test_list_names_every_study():
+    names = [n for n, _ in list_studies()]
+    assert names == list(STUDIES)
+    assert {"validation", "speedup-vs-gpus", "split-heatmap", "tree-budget", "timeline", "kernels"} <= set(names)
+    assert all(d and "\n" not in d for _, d in list_studies())
+
+
+def test_validation_from_report(tmp_path):
+    report = pd.DataFrame({
+        "config": ["a", "b", "c", "d"], "mode": ["async", "serial", "autoregressive", "async"],
+        "policy": ["bs8-w8-d3", "bs8-w8-d4", "bs1-w1-d0", "bs16-w8-d4"], "pair": ["T + D"] * 4,
+        "predicted_tokens_per_s": [100.0, 200.0, 50.0, 80.0],
+        "measured_tokens_per_s": [102.0, 190.0, 55.0, 80.0],  # errors +2, -5, +10, 0 %
+    })  # fmt: skip
+    report.to_csv(tmp_path / "report.csv", index=False)
+    out = validation.main([tmp_path / "report.csv"], tmp_path / "fig")
+    check_written(out, "validation", [("predicted tokens/s (simulator)", "measured tokens/s (runtime)")])
+    title = out.axes[0][0]
+    assert "4 configurations" in title and "median |error| 3.5 %" in title and "max 10.0 %" in title
+    assert "75% within ±8%" in title  # 3 of 4 within the band
+
+
+def test_validation_from_runlog(tmp_path):
+    out = validation.main([RUNLOG], tmp_path)
+    summary = json.loads((RUNLOG / "summary.json").read_text())
+    assert f"{len(summary['tasks'])} configurations" in out.axes[0][0]
+    assert any("synthetic" in lbl for lbl in out.labels) and any("random" in lbl for lbl in out.labels)
+
+
+def test_validation_bad_columns_is_one_line_user_error(tmp_path):
+    pd.DataFrame({"config": ["a"], "predicted": [1.0], "measured": [2.0]}).to_csv(tmp_path / "r.csv", index=False)
+    with pytest.raises(UserError, match="lacks columns predicted_tokens_per_s, measured_tokens_per_s"):
+        validation.main([tmp_path / "r.csv"], tmp_path / "fig")
+    assert not (tmp_path / "fig").exists() or not any((tmp_path / "fig").iterdir())  # nothing half-written
+    proc = subprocess.run([sys.executable, "-m", "swiftspec", "study", "validation", "-i", str(tmp_path / "r.csv"),
+                           "-o", str(tmp_path / "fig")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: validation report") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_speedup_vs_gpus(tmp_path, sim_inputs):
+    table = speedup_vs_gpus.compute(sim_inputs, gpus=(1, 2, 3))
+    one = table[table["gpus"] == 1]
+    assert one["tokens_per_s"].isna().all()  # a 70B target does not fit one 141 GB GPU
+    assert (one[one["mode"] != "async"]["reason"] == "does not fit GPU memory").all()
+    ar = table[table["mode"] == "autoregressive"].set_index("gpus")["tokens_per_s"]
+    assert ar[3] > ar[2] > 0  # more TP, faster steps
+    spec = table[(table["gpus"] == 3) & (table["mode"] == "serial")]["tokens_per_s"].iloc[0]
+    assert spec > ar[3]  # the synthetic acceptance (3.6 tokens per verify) pays for the draft
+    out = speedup_vs_gpus.main([], tmp_path, gpus=(1, 2, 3))
+    check_written(out, "speedup-vs-gpus", [("GPUs", "tokens/s (simulated, best configuration)")])
+    assert any("synthetic" in lbl for lbl in out.labels) and any("derived" in lbl for lbl in out.labels)
+    assert any("not shown: autoregressive on 1 GPUs (does not fit GPU memory)" in n for n in out.notes)
+
+
+def test_split_heatmap(tmp_path, sim_inputs):
+    table = split_heatmap.compute(sim_inputs, max_group=2)
+    assert len(table) == 4
+    t1 = table[table["target_gpus"] == 1]
+    assert t1["tokens_per_s"].isna().all() and (t1["reason"] == "does not fit GPU memory").all()
+    assert table[table["target_gpus"] == 2]["tokens_per_s"].gt(0).all()
+    out = split_heatmap.main([], tmp_path, max_group=2)
+    check_written(out, "split-heatmap", [("draft GPUs (draft TP degree)", "target GPUs (target TP degree)")])
+    assert out.notes[0].startswith("best: draft ")
+
+
+def test_tree_budget(tmp_path):
+    out = tree_budget.main([MEASURED_ACC], tmp_path, budgets=(2, 8), gpus=4)
+    check_written(out, "tree-budget", [("tree budget bs (nodes verified per step)", "mean accepted length (tokens per verify)"),
+                                       ("tree budget bs (nodes verified per step)", "tokens/s (simulated, best configuration)")])
+    assert any(lbl == "acceptance: measured" for lbl in out.labels)
+    inp = load(None, str(MEASURED_ACC))
+    table = tree_budget.compute(inp, budgets=(2, 8), gpus=4)
+    serial = table[table["mode"] == "serial"].set_index("bs")["mean_accepted"]
+    assert serial[8] > serial[2] >= 1.0  # a bigger tree accepts more
+    pts = tree_budget.measured_points(inp.acceptance)
+    assert sorted(pts["bs"]) == [5, 8, 16]  # chain/bs5, serial/bs8, serial/bs16 from the runtime
+
+
+def test_tree_budget_synthetic_is_labelled(sim_inputs):
+    pts = tree_budget.measured_points(sim_inputs.acceptance)
+    assert set(pts["mode"]) == {"serial", "async"} and all(lbl.startswith("published") for lbl in pts["label"])
+
+
+def test_timeline_measured_and_simulated(tmp_path):
+    out = timeline.main([RUNLOG], tmp_path, iterations=6)
+    xl = "time (ms from the start of iteration 1)"
+    check_written(out, "timeline", [(xl, "GPU group")])
+    titles = [t for t, _, _ in out.axes]
+    assert titles[0].startswith("simulated: Llama-3-8B + Llama-3.2-1B, async bs8-w8-d3")
+    assert titles[1].startswith("measured: async bs8-w8-d3, prompt 0 (cuda, NVIDIA H200")
+    assert any("shared one GPU" in n for n in out.notes)
+
+
+def test_timeline_window_starts_at_iteration_one():
+    from swiftspec.runtime.runlog import RunLog
+
+    log = RunLog.load(RUNLOG)
+    it = log.iterations[(log.iterations["task"] == "async bs8-w8-d3") & (log.iterations["prompt"] == 0)]
+    w = timeline._window(it, 5)
+    assert list(w["iteration"]) == [1, 2, 3, 4, 5]
+    assert math.isclose(min(w["draft_start_ms"].min(), w["target_start_ms"].min()), 0.0, abs_tol=1e-9)
+    one = it[it["iteration"] == 1].iloc[0]
+    assert math.isclose(w["target_end_ms"].iloc[0] - w["target_start_ms"].iloc[0],
+                        one["target_end_ms"] - one["target_start_ms"], rel_tol=1e-9)
+
+
+def test_timeline_cpu_run_without_profile_is_user_error(tmp_path):
+    from swiftspec.runtime.runlog import RunLog
+
+    log = RunLog.load(RUNLOG)
+    log.meta["plan"] = {**log.meta["plan"], "device": "cpu"}
+    log.write(tmp_path / "cpu-log")
+    with pytest.raises(UserError, match="CPU run: give its CPU profile"):
+        timeline.main([tmp_path / "cpu-log"], tmp_path / "fig")
+
+
+def test_kernels_from_committed_results(tmp_path):
+    kern = sorted(RESULTS.glob("kernels_*.json"))[-1]
+    step = RESULTS / "bench_step-H200-triton.csv"
+    out = run_study("kernels", [kern, step], tmp_path)
+    check_written(out, "kernels", [("kv length (cached tokens)", "tree attention latency (µs)"),
+                                   ("tokens per forward", "decoder forward latency (ms)")])
+    k, s, names = kernels_study.load_results([kern, step])
+    assert (k["us"] > k["floor_us"].fillna(0)).all()  # nothing beats the bytes floor
+    assert names == [kern.name, step.name] and set(s["source"]) == {step.stem}
+
+
+def test_kernels_wrong_file_is_user_error(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(UserError, match="neither a kernel benchmark"):
+        kernels_study.main([tmp_path / "x.csv"], tmp_path)
+    with pytest.raises(UserError, match="not found"):
+        kernels_study.main([tmp_path / "missing.json"], tmp_path)
+
+
+def test_cli_list_and_unknown_name():
+    from click.testing import CliRunner
+
+    from swiftspec.cli import cli
+
+    res = CliRunner().invoke(cli, ["study", "--list"])
+    assert res.exit_code == 0
+    assert [line.split()[0] for line in res.output.strip().splitlines()] == list(STUDIES)
+    res = CliRunner().invoke(cli, ["study", "nope"])
+    assert isinstance(res.exception, UserError) and "unknown study 'nope'" in str(res.exception)
