@@ -466,7 +466,8 @@ class Profile:
     comm:    columns collective, group_size, bytes, ms; collective one of `all_reduce`,
              `all_reduce_oneshot`, `send_recv`, `internode_send_recv`.
     meta:    gpu, driver, torch, triton, date, command, device ("cuda"|"cpu"),
-             memory_bytes (per GPU), source ("measured"|"derived"), plus free-form notes.
+             memory_bytes (per GPU), source ("measured"|"derived"), unmeasured (parts of a
+             measured profile that are copied defaults, named in its label), plus free-form notes.
     """
 
     compute: pd.DataFrame
@@ -478,7 +479,9 @@ class Profile:
         """`derived` or `measured, <gpu>, <date>`: repeated in every output that uses it."""
         src = self.meta.get("source", "measured")
         if src == "measured":
-            return f"measured, {self.meta.get('gpu', '?')}, {str(self.meta.get('date', '?'))[:10]}"
+            label = f"measured, {self.meta.get('gpu', '?')}, {str(self.meta.get('date', '?'))[:10]}"
+            unmeasured = self.meta.get("unmeasured")
+            return f"{label}; not measured: {', '.join(unmeasured)}" if unmeasured else label
         return str(src)
 
     def validate(self, where: str = "profile") -> None:

@@ -139,3 +139,12 @@ def test_bundled_profile_matches_builder_and_is_small(derived):
     fresh = build_derived_h200_profile()
     pd.testing.assert_frame_equal(fresh.compute.reset_index(drop=True), prof.compute, check_dtype=False)
     pd.testing.assert_frame_equal(fresh.comm.reset_index(drop=True), prof.comm, check_dtype=False, rtol=1e-9)
+
+
+def test_default_profile_is_measured_only_where_it_covers_the_models():
+    prof, ref = default_profile(["Llama-3-70B", "Llama-3.2-3B"])
+    assert ref.path == "builtin:h200-measured" and prof.label.startswith("measured, NVIDIA H200")
+    assert "not measured: comm" in prof.label  # copied parts are named in the label
+    _, ref = default_profile(["Qwen2-72B", "Qwen2-1.5B"])  # not in the measured grid
+    assert ref.path == "builtin:h200-derived"
+    assert default_profile()[1].path == "builtin:h200-derived"

@@ -11,6 +11,7 @@ import pytest
 from test_sim_engine import const_profile
 
 from swiftspec.cli import main
+from swiftspec.sim.profile_default import bundled_profile_dir
 from swiftspec.spec import Plan
 
 QUICK = ["--requests", "2", "--max-new-tokens", "24", "--prompt-len", "200"]
@@ -111,7 +112,8 @@ def test_bad_inputs(monkeypatch, capsys, tiny, tmp_path):
                                                    "meta": {"source": "synthetic"}}))
     msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "2", "--acceptance", str(tmp_path / "acc.json"))
     assert "positional" in msg
-    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "1")  # 70B in bf16 > one 141 GB H200
+    derived = str(bundled_profile_dir())  # its 141 GB per GPU: a bf16 70B plus its cache does not fit
+    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "1", "--profile", derived)
     assert "fits" in msg and "--gpus 2" in msg
     msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "2", "--modes", "turbo")
     assert "unknown mode" in msg

@@ -22,6 +22,7 @@ Regenerate the bundled folder with `python -m swiftspec.sim.profile_default`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -250,8 +251,23 @@ def bundled_profile_dir() -> Path:
     return Path(str(resources.files("swiftspec") / "data" / "profiles" / "h200-derived"))
 
 
-def default_profile() -> tuple[Profile, SourceRef]:
-    """The bundled derived H200 profile and its provenance (`builtin:h200-derived`)."""
+def measured_profile_dir() -> Path:
+    return Path(str(resources.files("swiftspec") / "data" / "profiles" / "h200-measured"))
+
+
+def default_profile(models: Sequence[str] = ()) -> tuple[Profile, SourceRef]:
+    """The embedded H200 profile and its provenance.
+
+    The measured profile (`builtin:h200-measured`) when it has `layers` rows for every model in
+    `models`; otherwise the derived one (`builtin:h200-derived`), which covers every bundled model.
+    With no models given: the derived profile.
+    """
+    measured = measured_profile_dir()
+    if models and (measured / "compute.csv").exists():
+        prof = Profile.load(measured)
+        have = set(prof.compute.loc[prof.compute["op"] == "layers", "model"])
+        if all(m in have for m in models):
+            return prof, SourceRef(path="builtin:h200-measured", sha256=file_sha256(measured), label=prof.label)
     folder = bundled_profile_dir()
     prof = Profile.load(folder)
     return prof, SourceRef(path="builtin:h200-derived", sha256=file_sha256(folder), label=prof.label)

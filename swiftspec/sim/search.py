@@ -158,7 +158,8 @@ def load_inputs(
     acceptance: str | None = None,
     device: str = "cuda",
 ) -> Inputs:
-    """Read the models, the profile (a folder, or the bundled derived H200 profile) and the
+    """Read the models, the profile (a folder, or the embedded H200 profile: measured where it
+    covers both models, else derived) and the
     acceptance profile (a JSON file, or the bundled synthetic one)."""
     from swiftspec.sim.acceptance import default_acceptance
     from swiftspec.sim.profile_default import default_profile
@@ -169,7 +170,7 @@ def load_inputs(
     if profile is None:
         if device == "cpu":
             raise UserError("--device cpu needs a CPU profile: give --profile DIR (from `swiftspec profile --device cpu`)")
-        prof, pref = default_profile()
+        prof, pref = default_profile([m for m in (target, draft) if m])
     else:
         prof = Profile.load(profile)
         pref = SourceRef(path=str(profile), sha256=file_sha256(profile), label=prof.label)
@@ -197,6 +198,11 @@ def _dynamic_grid(space: SearchSpace) -> list[tuple[int, int]]:
     bss = (space.bs,) if space.bs else BS_GRID
     ws = (space.w,) if space.w else W_GRID
     return [(b, w) for b in bss for w in ws if w <= b and b >= 2]
+
+
+# the least memory-hungry policy of each mode: if it does not fit, no policy of that mode does
+_SMALLEST = {Mode.autoregressive: TreePolicy.autoregressive(), Mode.chain: TreePolicy.chain(2),
+             Mode.serial: TreePolicy(bs=4, w=1, d=3), Mode.async_: TreePolicy(bs=4, w=1, d=1)}
 
 
 def _splits(space: SearchSpace, mode: Mode) -> list[Split]:
@@ -329,6 +335,9 @@ class Planner:
             if mode is Mode.async_ and self.space.gpus < 2:
                 continue
             for split in _splits(self.space, mode):
+                if not self.fits(Candidate(mode, split, _SMALLEST[mode])):
+                    dropped += 1  # nothing fits: drop before asking the profile about it
+                    continue
                 try:
                     pols = list(self.policies(mode, split))
                 except ExtrapolationError as e:
@@ -344,13 +353,11 @@ class Planner:
 
     def smallest_gpus_that_fit(self, limit: int = 64) -> int | None:
         """Fewest GPUs (> space.gpus) on which some configuration of the allowed modes fits memory."""
-        tiny = {Mode.autoregressive: TreePolicy.autoregressive(), Mode.chain: TreePolicy.chain(2),
-                Mode.serial: TreePolicy(bs=4, w=1, d=3), Mode.async_: TreePolicy(bs=4, w=1, d=1)}
         for n in range(self.space.gpus + 1, limit + 1):
             for mode in self.space.modes:
                 sp = replace(self.space, gpus=n, draft_gpus=None)
                 for split in _splits(sp, mode):
-                    if self.fits(Candidate(mode, split, tiny[mode])):
+                    if self.fits(Candidate(mode, split, _SMALLEST[mode])):
                         return n
         return None
 
