@@ -85,6 +85,15 @@ def test_validation_from_report(tmp_path):
     assert "75% within ±8%" in title  # 3 of 4 within the band
 
 
+def test_validation_from_committed_h200_report(tmp_path):
+    """The committed `swiftspec validate` report: target/draft columns, autoregressive rows with no draft."""
+    report = Path(__file__).parents[1] / "benchmarks" / "results" / "validation_h200" / "report.csv"
+    df = pd.read_csv(report)
+    assert df["draft"].isna().any()  # what this test is about
+    out = validation.main([report], tmp_path)
+    assert f"{len(df)} configurations" in out.axes[0][0]
+
+
 def test_validation_from_runlog(tmp_path):
     out = validation.main([RUNLOG], tmp_path)
     summary = json.loads((RUNLOG / "summary.json").read_text())

@@ -6,7 +6,7 @@ Inputs (-i, repeatable):
       policy, pair (or model_pair, or target + draft), error_pct (recomputed when absent, as
       100 · (measured - predicted) / predicted), acceptance, weights.
   a RunLog folder (`swiftspec run -o DIR`): one point per task with a prediction.
-Default: the newest benchmarks/results/validation*.csv (or validation*/*.csv), else the committed
+Default: the newest benchmarks/results/validation*.csv (or validation*/report.csv), else the committed
 run logs (benchmarks/results/*runlog*).
 """
 
@@ -74,7 +74,8 @@ def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
         if "model_pair" in df:
             df["pair"] = df["model_pair"]
         elif "target" in df:
-            df["pair"] = df["target"].astype(str) + " + " + df.get("draft", pd.Series("-", index=df.index)).astype(str)
+            df["pair"] = (df["target"].astype(str) + " + "
+                          + df.get("draft", pd.Series("-", index=df.index)).fillna("-").astype(str))
         else:
             df["pair"] = ""
     if "error_pct" not in df or df["error_pct"].isna().all():
@@ -87,7 +88,7 @@ def load(inputs: Sequence[str | Path]) -> pd.DataFrame:
     paths = [Path(p) for p in inputs]
     if not paths:
         d = results_dir()
-        reports = sorted([*d.glob("validation*.csv"), *d.glob("validation*/*.csv")], key=lambda p: p.stat().st_mtime) \
+        reports = sorted([*d.glob("validation*.csv"), *d.glob("validation*/report.csv")], key=lambda p: p.stat().st_mtime) \
             if d.is_dir() else []
         paths = reports[-1:] or (sorted(p.parent for p in d.glob("*runlog*/summary.json")) if d.is_dir() else [])
         if not paths:
@@ -139,7 +140,7 @@ def main(inputs: Sequence[str | Path] = (), out_dir: str | Path = ".", progress:
              f"max {err.max():.1f} %, {inside:.0%} within ±{BAND:.0%}")
     fig = draw(df, title)
     labels = [f"inputs: {', '.join(sorted(df['source'].unique()))}"]
-    pairs = sorted(p for p in df["pair"].astype(str).unique() if p)
+    pairs = sorted(p for p in df["pair"].fillna("").astype(str).unique() if p)
     if pairs:
         labels.append("pairs: " + ", ".join(pairs))
     for col in ("acceptance", "weights"):
