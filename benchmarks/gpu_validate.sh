@@ -9,9 +9,12 @@
 # profile (swiftspec/data/acceptance/smollm2-135m__int3g32.json). Each is predicted from the measured
 # H200 profile (swiftspec/data/profiles/h200-measured) BEFORE anything runs, for the exact workload
 # (4 builtin prompts, 96 new tokens, the same rank paths); then all run in one process, models loaded
-# once, CUDA graphs captured once per model. Host work per forward/token is calibrated first on a
-# tiny model (~10 s). Budget: ~30 s start-up + ~10 s calibration + ~10 s loading/graphs +
-# 21 x ~2.5 s decoding (4 x 96 tokens at 100-400 tok/s, + a 16-token warm-up) ~ 2 minutes.
+# once, CUDA graphs captured once per model. Host work per forward/token is calibrated first, per
+# pair, on narrow stand-ins with the pair's vocabulary (128,256) and layer counts, minus the
+# stand-ins' replay time as the profile times it and the profile's tree_growth (~4 s a pair), plus
+# a reference fit on the old tiny model (2 layers, vocab 256; logged only, ~3 s). Budget: ~30 s
+# start-up + ~15 s calibration + ~20 s loading/graphs + 21 x ~2.5 s decoding (4 x 96 tokens at
+# 100-400 tok/s, + a 16-token warm-up) ~ 2 minutes; BUDGET (200 s) cuts it short.
 #
 # Writes $OUT/validation/{report.csv, report.json, host.csv} and $OUT/validation.log (per-config
 # predictions and measurements as they happen, so a cut-short run still tells what it saw).

@@ -503,7 +503,8 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
 @click.option("--prompts", type=int, default=3, show_default=True, help="Builtin prompts per configuration.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--calibrate-host/--no-calibrate-host", default=True, show_default=True,
-              help="Measure host work per forward / per token first (tiny model) and use it in the predictions.")
+              help="Measure host work per forward / per token first (stand-ins with each pair's vocab and layers) "
+              "and use it in the predictions.")
 @click.option("-o", "--output", "out_dir", default=None, help="Write report.csv, report.json, host.csv here.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights, prompts, max_new_tokens, calibrate_host,

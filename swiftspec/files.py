@@ -35,15 +35,26 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary folder; on success it replaces `path`, on failure it is removed."""
+    """Yield a temporary folder to fill; on success its entries move into `path`, on failure it is
+    removed and `path` is untouched.
+
+    A new `path` appears whole (one rename). An existing `path` keeps everything else in it: only
+    the entries written here replace their namesakes (one rename each), so `-o .` is safe.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        if not path.exists():
+            os.replace(tmp, path)
+            return
+        for entry in sorted(tmp.iterdir()):
+            dest = path / entry.name
+            if dest.is_dir() and not dest.is_symlink():
+                shutil.rmtree(dest)  # a folder of the same name is ours to replace
+            os.replace(entry, dest)
+        tmp.rmdir()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

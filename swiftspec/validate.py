@@ -10,13 +10,25 @@ accepted lengths agree exactly and the tokens/s error measures latency modelling
 
 Host work: the profile's `host` rows are per iteration of one reference policy; the runtime's host
 work grows with the draft forwards and the tokens in them. Unless told not to, `validate` first
-measures it (`calibrate_host`): the runtime's own `generate` loop on a tiny model, for several
-policies per mode, minus the forwards' device time, fitted (non-negative least squares) as
+measures it per model pair (`calibrate_host`): the runtime's own `generate` loop on stand-ins of
+the pair (`stand_in_config`: the models' vocabulary and layer count, hidden 64), for other
+policies and other rank paths than those validated, minus the forwards' device time as the
+profile times it (`replay_ms`) and minus the profile's `tree_growth` (the simulator adds both),
+fitted (non-negative least squares) as
     host = base[mode] per iteration + per_forward x draft forwards + per_token x draft tokens
            + per_node x verified nodes
 and written as rows `host` (base), `host_expansion` (per_forward + per_token x tokens) and
 `host_verify` (per_node x tokens), which the latency model reads. This is a profile measurement
-(a tiny model, other policies), not a fit to the configurations validated.
+(stand-ins, other policies), not a fit to the configurations validated.
+
+Why stand-ins with the real vocabulary: the eager work around each forward (logits copy out of
+the graph, log-softmax + top-w per drafted row, argmax per verified row) reads vocab-wide rows;
+with vocab 256 it is free, with 128,256 it is not (CPU, OMP_NUM_THREADS=1, medians of 3: per
+draft token 0.014 -> 0.37 ms, per verified node 0.013 -> 0.36 ms). Why the real layer count and
+`replay_ms`: a replay issued after a device sync (the runtime) starts later than the back-to-back
+replays the profile timed; that launch latency, ~0.1 ms per forward on the H200 whatever the
+model, belongs to the host terms. On CUDA a reference fit on the old tiny model (2 layers,
+vocab 256) is logged too (`host_reference`), for comparison only.
 
 Outputs (folder -o): report.csv (one row per configuration), report.json (rows, summary: median
 and max |error|, and meta: run_metadata(), profile / acceptance labels, weights), host.csv.
@@ -49,7 +61,7 @@ DYNAMIC = ((4, 2, 2), (8, 8, 3), (16, 4, 4))  # (bs, w, d) of the serial configu
 CHAIN_K = (2, 4)
 HOST_CAL = {
     Mode.autoregressive: (TreePolicy.autoregressive(),),
-    Mode.chain: (TreePolicy.chain(2), TreePolicy.chain(6)),
+    Mode.chain: (TreePolicy.chain(1), TreePolicy.chain(3), TreePolicy.chain(6)),
     Mode.serial: (TreePolicy(bs=4, w=1, d=3), TreePolicy(bs=8, w=8, d=2), TreePolicy(bs=16, w=4, d=5),
                   TreePolicy(bs=32, w=8, d=4)),
 }
@@ -106,10 +118,17 @@ def _interleave(lists: list[list]) -> list[list]:
 
 
 class _TimedGraph:
-    def __init__(self, graph, log: list):
-        self.graph, self.log = graph, log
+    """A captured graph whose replays log their device time: CUDA events around the replay, or a
+    fixed ms per replay (`fixed_ms`, see `replay_ms`)."""
+
+    def __init__(self, graph, log: list, fixed_ms: float | None = None):
+        self.graph, self.log, self.fixed_ms = graph, log, fixed_ms
 
     def replay(self) -> None:
+        if self.fixed_ms is not None:
+            self.graph.replay()
+            self.log.append(self.fixed_ms)
+            return
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         self.graph.replay()
@@ -118,18 +137,17 @@ class _TimedGraph:
 
 
 class ForwardClock:
-    """Device time of every forward of some runners: CUDA events around graph replays, else
-    perf_counter around `ModelRunner._run` (CPU: the forward *is* host time, as in the profile)."""
+    """Device time of every forward of some runners: CUDA events around graph replays (or, with
+    `fixed_ms[id(runner)]` = {bucket: ms}, that fixed time per replay), else perf_counter around
+    `ModelRunner._run` (CPU: the forward *is* host time, as in the profile)."""
 
-    def __init__(self, runners: Sequence) -> None:
+    def __init__(self, runners: Sequence, fixed_ms: dict[int, dict[int, float] | None] | None = None) -> None:
         self.log: list = []
         for r in runners:
             if r.graphs is not None and r.graphs.use_graphs:
-                if not isinstance(next(iter(r.graphs.graphs.values())), _TimedGraph):
-                    r.graphs.graphs = {b: _TimedGraph(g, self.log) for b, g in r.graphs.graphs.items()}
-                else:
-                    for g in r.graphs.graphs.values():
-                        g.log = self.log
+                table = (fixed_ms or {}).get(id(r)) or {}
+                r.graphs.graphs = {b: _TimedGraph(getattr(g, "graph", g), self.log, table.get(b))
+                                   for b, g in r.graphs.graphs.items()}
             else:
                 run = getattr(r, "_untimed_run", r._run)
                 r._untimed_run = run
@@ -153,24 +171,70 @@ class ForwardClock:
 # host calibration
 
 
-def _tiny_model(device: str):
+def stand_in_config(spec: ModelSpec | None) -> dict:
+    """config.json of the host-calibration stand-in for a validated model (`spec`; None: the tiny
+    reference model, 2 layers, vocab 256).
+
+    Host work per iteration depends on what the runtime does outside the CUDA graphs: eager
+    log-softmax + top-w, argmax and logits copies over `vocab`-wide rows, and one graph launch per
+    forward whose nodes grow with the layers. So the stand-in keeps the model's vocabulary and
+    layer count and is only narrow (hidden 64, 4 heads, 2 KV heads, ffn 128), so that its device
+    time per forward stays small and is subtracted exactly (`replay_ms`)."""
+    layers, vocab = (2, 256) if spec is None else (spec.num_layers, spec.vocab)
+    return dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=128,
+                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
+                max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                torch_dtype="float32")  # fmt: skip
+
+
+def _stand_in_model(spec: ModelSpec | None, device: str, seed: int = 0):
     from swiftspec.runtime.weights import load_model
 
     folder = Path(tempfile.mkdtemp(prefix="swiftspec-validate-"))
-    cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=128,
-               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-               max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="float32")
-    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "config.json").write_text(json.dumps(stand_in_config(spec)))
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    return load_model(folder, weights="random", device=device, dtype=dtype, seed=0)
+    return load_model(folder, weights="random", device=device, dtype=dtype, seed=seed)
+
+
+def replay_ms(runner, repeats: int = 12) -> dict[int, float] | None:
+    """Device time (ms) of one replay of each of `runner`'s CUDA graphs, timed as the profile times
+    `forward` (back-to-back replays, events around each, first dropped, median), or None on CPU.
+
+    The runtime replays one graph after a device sync, so the launch latency of a graph sits in
+    its iteration but not in the profile's `forward` rows; subtracting this time (not events
+    around the runtime's own replays) leaves that latency in the host terms, where the
+    simulator adds it back. Call it before decoding: replays write the scratch KV slot only while
+    the graphs' static inputs still hold their capture values."""
+    if runner.graphs is None or not runner.graphs.use_graphs:
+        return None
+    out = {}
+    for b, g in runner.graphs.graphs.items():
+        g = getattr(g, "graph", g)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats + 1)]
+        for s, e in ev:
+            s.record()
+            g.replay()
+            e.record()
+        torch.cuda.synchronize()
+        out[b] = float(np.median([s.elapsed_time(e) for s, e in ev[1:]]))
+    return out
 
 
 def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 32, seed: int = 0,
-                   modes: Sequence[Mode] = tuple(HOST_CAL)) -> tuple[pd.DataFrame, dict]:
-    """Host work of the runtime's `generate` loop (module docstring): profile rows and the fit.
+                   modes: Sequence[Mode] = tuple(HOST_CAL), target: ModelSpec | None = None,
+                   draft: ModelSpec | None = None,
+                   tree_growth_ms: Callable[[int], float] | None = None) -> tuple[pd.DataFrame, dict]:
+    """Host work of the runtime's `generate` loop on stand-ins of `target` / `draft`
+    (`stand_in_config`; None: the tiny reference model) — profile rows and the fit.
+
+    host per decode = wall time - the forwards' device time (CUDA: `replay_ms` of each replayed
+    graph; CPU: perf_counter around each eager forward, as the CPU profile times them) - the
+    profile's `tree_growth` of every draft forward (`tree_growth_ms(tokens)`, which the simulator
+    adds to each expansion itself; omit it when the profile has none). Policies `HOST_CAL`, rank
+    paths drawn with seed + 1 (not the paths a validation replays), random prompts.
 
     Returns (rows with the Profile.compute columns, {"base": {mode: ms}, "per_forward": ms,
-    "per_token": ms, "per_node": ms, "samples": n}).
+    "per_token": ms, "per_node": ms, "samples": n, "stand_in": {...}}).
     """
     from scipy.optimize import nnls
 
@@ -178,14 +242,17 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
     from swiftspec.runtime.generate import GenerateConfig, generate
     from swiftspec.runtime.synthetic import SyntheticVerifier, rank_logprobs, rank_paths
 
-    model = _tiny_model(device)
+    tmodel = _stand_in_model(target, device, seed)
+    same = draft is None or target is None or draft == target
+    dmodel = tmodel if same else _stand_in_model(draft, device, seed + 1)
     logq = tuple(rank_logprobs(acceptance))
-    paths = rank_paths(acceptance, prompts, new_tokens + 64, seed)
+    paths = rank_paths(acceptance, prompts, new_tokens + 64, seed + 1)
     gen = torch.Generator().manual_seed(seed)
-    ids = [torch.randint(0, model.spec.vocab, (24,), generator=gen).tolist() for _ in range(prompts)]
-    target = ModelRunner(model, 1024)
-    draft = ModelRunner(model, 1024)
-    clock = ForwardClock([target, draft])
+    ids = [torch.randint(0, tmodel.spec.vocab, (24,), generator=gen).tolist() for _ in range(prompts)]
+    t_runner = ModelRunner(tmodel, 1024)
+    d_runner = ModelRunner(dmodel, 1024)
+    fixed = {id(r): replay_ms(r) for r in (t_runner, d_runner)}
+    clock = ForwardClock([t_runner, d_runner], fixed_ms=fixed)
     X, y = [], []
     mode_list = list(modes)
     for mode in mode_list:
@@ -195,10 +262,10 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
                                  rank_logprobs=logq if spec else None)
             for rep in range(prompts + 1):  # the first decode warms up (allocations, graph inputs)
                 pi = rep % prompts
-                for r in (target, draft):
+                for r in (t_runner, d_runner):
                     r.prefix_len, r.tree_len, r.pending = 0, 0, []
                 clock.take()
-                res = generate(target, draft if spec else None, ids[pi], cfg,
+                res = generate(t_runner, d_runner if spec else None, ids[pi], cfg,
                                verifier=SyntheticVerifier(paths[pi]) if spec else None)
                 if device == "cuda":
                     torch.cuda.synchronize()
@@ -206,7 +273,8 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
                 fwd = clock.take(skip)
                 if rep == 0:
                     continue
-                host = res.decode_s * 1e3 - fwd
+                growth = sum(tree_growth_ms(t) for r in res.records for t in r.forward_tokens) if tree_growth_ms else 0.0
+                host = res.decode_s * 1e3 - fwd - growth
                 onehot = [float(res.iterations if m is mode else 0) for m in mode_list]
                 X.append([*onehot, sum(len(r.forward_tokens) for r in res.records),
                           sum(sum(r.forward_tokens) for r in res.records), sum(r.verified for r in res.records)])
@@ -223,8 +291,11 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
                              "ms": per_forward + per_token * t})
             rows.append({"op": "host_verify", "model": m.value, "tp": 1, "tokens": t, "kv_len": 0,
                          "ms": per_node * t})
+    stand_in = {"target_layers": tmodel.spec.num_layers, "draft_layers": dmodel.spec.num_layers,
+                "vocab": tmodel.spec.vocab, "device_time": "replay_ms" if fixed[id(t_runner)] else "perf_counter",
+                "tree_growth_subtracted": tree_growth_ms is not None}
     fit = {"base": base, "per_forward": per_forward, "per_token": per_token, "per_node": per_node,
-           "samples": len(y)}
+           "samples": len(y), "stand_in": stand_in}
     return pd.DataFrame(rows), fit
 
 
@@ -304,6 +375,7 @@ def validate(
     prompts: int = 3,
     max_new_tokens: int = 64,
     calibrate: bool = True,
+    host_reference: bool | None = None,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> ValidationReport:
@@ -348,15 +420,33 @@ def validate(
     acc_model = AcceptanceModel(acc)
 
     cfgs = default_configs(pairs, acc.positional, configs)
+    base_lat = LatencyModel(prof)
+    lats: dict[Config, LatencyModel] = {c: base_lat for c in cfgs}
     host_fit, host_rows = None, None
     if calibrate:
-        say("calibrating host work per iteration (tiny model, runtime generate loop) ...")
-        rows, host_fit = calibrate_host(device, acc, seed=seed)
-        prof = with_host_rows(prof, rows)
-        host_rows = rows.to_dict(orient="records")
-        say("host fit: " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in host_fit.items()
-                                       if k != "base"}) + " base " + json.dumps({k: round(v, 4) for k, v in host_fit["base"].items()}))
-    lat = LatencyModel(prof)
+        host_fit, host_rows = {}, []
+        if host_reference if host_reference is not None else device == "cuda":
+            say("host work, reference: tiny stand-in (2 layers, vocab 256), for comparison only ...")
+            _, ref = calibrate_host(device, acc, prompts=1, new_tokens=24, seed=seed)
+            host_fit["reference tiny-2L-v256"] = ref
+            say(f"host fit tiny-2L-v256 (reference): {_fit_line(ref)}")
+        for t_name, d_name in pairs:
+            if not any(c.target == t_name and c.draft in (d_name, None) for c in cfgs):
+                continue  # --configs left this pair out
+            t_spec, d_spec = ModelSpec.from_config(t_name), ModelSpec.from_config(d_name)
+            key = f"{Path(t_name).name}+{Path(d_name).name}"
+            say(f"calibrating host work for {key}: stand-ins {t_spec.num_layers}/{d_spec.num_layers} layers, "
+                f"vocab {t_spec.vocab} ...")
+            growth = _tree_growth_fn(base_lat, d_spec)
+            rows, fit = calibrate_host(device, acc, seed=seed, target=t_spec, draft=d_spec, tree_growth_ms=growth)
+            host_fit[key] = fit
+            host_rows += [{"pair": key, **r} for r in rows.to_dict(orient="records")]
+            say(f"host fit {key}: {_fit_line(fit)}")
+            lat = LatencyModel(with_host_rows(prof, rows))
+            # autoregressive configs have no draft: they take the first pair with their target
+            for c in cfgs:
+                if c.target == t_name and (c.draft == d_name or (c.draft is None and lats[c] is base_lat)):
+                    lats[c] = lat
 
     # prompts and rank paths: the same for every configuration
     vocab = min(ModelSpec.from_config(t).vocab for pair in pairs for t in pair)
@@ -372,6 +462,7 @@ def validate(
         d = ModelSpec.from_config(c.draft) if c.draft else None
         split = Split.shared(1, with_draft=c.mode is not Mode.autoregressive)
         try:
+            lat = lats[c]
             res = predict_run(lat, acc_model, t, d, split, c.mode, c.policy, prompt_lens, max_new_tokens, paths)
             s = res.summary
             preds[c] = {"tokens_per_s": s.tokens_per_s_mean, "accepted": s.mean_accepted,
@@ -409,10 +500,26 @@ def validate(
             "notes": "predicted: simulated for this run's own workload (prompt lengths, max_new_tokens, the "
                      "rank paths the synthetic verifier replays); measured: decode tokens/s (prefill excluded), "
                      "mean over prompts; forward_ms / host_ms: per iteration, device time of the forwards "
-                     "(CUDA events; CPU: perf_counter) and the rest"}  # fmt: skip
-    if host_rows is not None:
+                     "(CUDA events around each replay; CPU: perf_counter) and the rest; predicted_host_ms: the calibrated "
+                     "host terms, which on CUDA also hold the launch latency of each replay (measured forwards "
+                     "include it, the profile's back-to-back forwards do not): compare iteration times"}  # fmt: skip
+    if host_rows:
         meta["host_rows"] = host_rows
     return ValidationReport(table, summarize(table), meta)
+
+
+def _fit_line(fit: dict) -> str:
+    terms = {k: round(fit[k], 4) for k in ("per_forward", "per_token", "per_node")}
+    return json.dumps(terms) + " base " + json.dumps({k: round(v, 4) for k, v in fit["base"].items()})
+
+
+def _tree_growth_fn(lat, draft: ModelSpec) -> Callable[[int], float] | None:
+    """tokens -> the profile's `tree_growth` ms of `draft` at tp 1, or None when it has no such rows."""
+    try:
+        lat.tree_growth_ms(draft, 1, 1)
+    except UserError:
+        return None
+    return lambda t: lat.tree_growth_ms(draft, 1, t)
 
 
 def _host_per_iteration(lat, acc_model, c: Config, paths, max_new: int) -> float:

@@ -16,8 +16,8 @@ import pytest
 
 from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
 from swiftspec.sim.latency import LatencyModel
-from swiftspec.spec import Mode, Profile
-from swiftspec.validate import REPORT_COLUMNS, calibrate_host, validate, with_host_rows
+from swiftspec.spec import Mode, ModelSpec, Profile
+from swiftspec.validate import REPORT_COLUMNS, calibrate_host, stand_in_config, validate, with_host_rows
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -102,3 +102,69 @@ def test_measured_cuda_profile_times_forwards_at_their_graph_bucket(tmp_path):
     assert cpu.forward_ms(spec, 1, 3, 100) == pytest.approx((cpu.forward_ms(spec, 1, 2, 100) + cpu.forward_ms(spec, 1, 4, 100)) / 2)
     assert cuda.forward_ms(spec, 1, 3, 100) == cuda.forward_ms(spec, 1, 4, 100) > cuda.forward_ms(spec, 1, 2, 100)
     assert cuda.forward_ms(spec, 1, 5, 100) == cuda.forward_ms(spec, 1, 8, 100)
+
+
+def test_stand_in_keeps_vocab_and_layers_of_the_model():
+    spec = ModelSpec.from_config("Llama-3-8B")
+    cfg = stand_in_config(spec)
+    assert (cfg["vocab_size"], cfg["num_hidden_layers"]) == (spec.vocab, spec.num_layers) == (128256, 32)
+    assert cfg["hidden_size"] == 64 and cfg["intermediate_size"] == 128  # narrow: device time ~ launches
+    assert (stand_in_config(None)["vocab_size"], stand_in_config(None)["num_hidden_layers"]) == (256, 2)
+
+
+def test_host_calibration_grows_with_the_vocabulary(make_checkpoint):
+    """The eager work per verify (logits copy out of the forward, argmax over the vocabulary) is
+    host work: a stand-in with a real-size vocabulary measures more host time per iteration than
+    one with 256 tokens (CPU: argmax + copy of one 131,072-wide row is ~0.2 ms)."""
+    acc, _ = default_acceptance()
+    per_iteration = {}
+    for vocab in (256, 131072):
+        spec = ModelSpec.from_config(make_checkpoint("llama", vocab_size=vocab))
+        rows, fit = calibrate_host("cpu", acc, prompts=2, new_tokens=24, modes=(Mode.autoregressive,),
+                                   target=spec, draft=spec)
+        assert fit["stand_in"]["vocab"] == vocab and fit["stand_in"]["target_layers"] == 2
+        per_iteration[vocab] = fit["base"]["autoregressive"] + fit["per_node"]
+    assert per_iteration[131072] > per_iteration[256] + 0.05
+
+
+def test_calibration_subtracts_the_profiled_tree_growth(make_checkpoint):
+    """The simulator adds the profile's `tree_growth` to every expansion itself: the calibration takes
+    it out of the host it measures (a 50 ms growth per forward would make host negative; the
+    non-negative fit then leaves nothing per draft forward or token)."""
+    acc, _ = default_acceptance()
+    spec = ModelSpec.from_config(make_checkpoint("llama"))
+    _, fit = calibrate_host("cpu", acc, prompts=1, new_tokens=12, modes=(Mode.chain,), target=spec, draft=spec,
+                            tree_growth_ms=lambda t: 50.0)
+    assert fit["per_forward"] == 0.0 and fit["per_token"] == 0.0
+    assert fit["stand_in"]["tree_growth_subtracted"]
+
+
+def test_validate_calibrates_host_per_pair(make_checkpoint, tmp_path):
+    target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
+    draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
+    prof = _profile([target.name, draft.name], tmp_path / "prof")
+    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
+                   configs=2, prompts=1, max_new_tokens=6, calibrate=True)
+    key = f"{target.name}+{draft.name}"
+    fit = rep.meta["host_calibration"][key]
+    assert (fit["stand_in"]["target_layers"], fit["stand_in"]["draft_layers"]) == (2, 1)
+    assert {r["pair"] for r in rep.meta["host_rows"]} == {key}
+    ar = rep.rows.iloc[0]  # autoregressive: base + one verified node per iteration, from this pair's fit
+    assert ar["predicted_host_ms"] == pytest.approx(fit["base"]["autoregressive"] + fit["per_node"], rel=1e-9)
+
+
+@pytest.mark.gpu
+def test_replay_ms_times_every_graph_bucket():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from swiftspec.runtime.decoder import ModelRunner
+    from swiftspec.validate import ForwardClock, _stand_in_model, replay_ms
+
+    runner = ModelRunner(_stand_in_model(None, "cuda"), 64)
+    table = replay_ms(runner)
+    assert set(table) == set(runner.graphs.graphs) and all(ms > 0 for ms in table.values())
+    clock = ForwardClock([runner], fixed_ms={id(runner): table})
+    runner.prefill([1, 2, 3])  # 3 tokens: bucket 4
+    assert clock.take() == pytest.approx(table[4])
