@@ -34,7 +34,6 @@ from swiftspec.profiler.prompts import encode, load_prompts
 from swiftspec.spec import AcceptanceProfile, Mode, TreePolicy, UserError, resolve_model_path
 
 DEFAULT_POLICIES = ("chain/bs5-w1-d4", "serial/bs8-w8-d4", "serial/bs16-w4-d6")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _POLICY_RE = re.compile(r"^(?:(?P<mode>[a-z]+)/)?bs(?P<bs>\d+)-w(?P<w>\d+)-d(?P<d>\d+)(?:-D(?P<D>\d+))?$")
 
 
@@ -135,19 +134,21 @@ def profile_acceptance(
     progress: bool = True,
 ) -> AcceptanceProfile:
     """Measure the pair on `prompts` (see the module docstring) -> an AcceptanceProfile."""
-    from swiftspec.runtime.generate import GenerateConfig, cache_slots, eos_ids_of, generate
+    from swiftspec.runtime.generate import (
+        DTYPES,
+        GenerateConfig,
+        cache_slots,
+        check_device,
+        eos_ids_of,
+        generate,
+    )
     from swiftspec.runtime.weights import load_model, load_tokenizer
 
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {top_k}")
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"unknown device {device!r}: choose cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
+    check_device(device, dtype)
     parsed = [parse_policy(p) for p in policies]
     tfolder, dfolder = resolve_model_path(target), resolve_model_path(draft)
     plist = load_prompts(prompts, limit=num_prompts)

@@ -370,43 +370,6 @@ def _tiny_config_dir() -> Path:
     return folder
 
 
-class _TimedReplay:
-    """Wraps a captured graph: records device events around every replay (GPU time of forwards)."""
-
-    def __init__(self, graph, log: list):
-        self.graph, self.log = graph, log
-
-    def replay(self) -> None:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        self.graph.replay()
-        e.record()
-        self.log.append((s, e))
-
-
-def _hook_forwards(runner) -> list:
-    """Collect the device time of each of `runner`'s forwards: events (CUDA) or ms floats (CPU)."""
-    log: list = []
-    if runner.graphs is not None and runner.graphs.use_graphs:
-        runner.graphs.graphs = {b: _TimedReplay(g, log) for b, g in runner.graphs.graphs.items()}
-    else:
-        run = runner._run
-
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            out = run(*args, **kwargs)
-            log.append((time.perf_counter() - t) * 1e3)
-            return out
-
-        runner._run = timed
-    return log
-
-
-def _forward_ms(log: list, skip: int) -> float:
-    vals = [x if isinstance(x, float) else x[0].elapsed_time(x[1]) for x in log[skip:]]
-    return float(sum(vals))
-
-
 def _async_host_row() -> dict:
     """`async` host work is not measured here (it needs the multi-process runtime): the derived
     profile's value, marked by n = 0, so plans for async mode still work from this profile."""
@@ -434,6 +397,7 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     """
     from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
     from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
+    from swiftspec.runtime.graphs import ForwardClock
     from swiftspec.runtime.weights import load_model
 
     folder = _tiny_config_dir()
@@ -449,13 +413,13 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
             speculative = mode is not Mode.autoregressive
             target = ModelRunner(model, cache_slots(len(ids), new_tokens, policy, draft=False))
             draft = ModelRunner(model, cache_slots(len(ids), new_tokens, policy, draft=True)) if speculative else None
-            logs = [_hook_forwards(r) for r in (target, draft) if r is not None]
+            clocks = [ForwardClock([r]) for r in (target, draft) if r is not None]
             cfg = GenerateConfig(mode=mode, policy=policy, max_new_tokens=new_tokens)
             res = generate(target, draft, ids, cfg)
             if device == "cuda":
                 torch.cuda.synchronize()
             skip = math.ceil((len(ids) - 1) / PREFILL_CHUNK)  # prefill forwards come first
-            fwd = sum(_forward_ms(log, skip) for log in logs)
+            fwd = sum(clock.take(skip) for clock in clocks)
             per_decode.append((res.decode_s * 1e3 - fwd) / res.iterations)
         rows.append({"op": "host", "model": mode.value, "tp": 1, "tokens": 0, "kv_len": 0, **summarize(per_decode)})
     with contextlib.suppress(OSError):

@@ -207,6 +207,16 @@ def pack_verdict(kind: int, verdict: Verdict, bonus_rank: int, bs: int) -> torch
 # async: the draft side
 
 
+def _expand(tree: DraftTree, fwd, runner, fwd_nodes: list[int], fwd_tokens: list[int]) -> bool:
+    """One draft forward, logged in `fwd_nodes` / `fwd_tokens`; False when nothing is left to expand."""
+    pending = len(runner.pending)
+    f = tree.expand(fwd)
+    if f:
+        fwd_nodes.append(f)
+        fwd_tokens.append(pending + f)
+    return f > 0
+
+
 def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t0: float) -> tuple[list, list]:
     """Algorithm 1, draft side, one prompt. Returns (generated tokens, iteration rows) on the leader."""
     lay, g, policy = ctx.layout, ctx.groups, task.policy
@@ -229,28 +239,19 @@ def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t
     while True:
         ctx.step()
         row = {"iteration": it, "draft_start_ms": ms()}
-        forwards = tokens = 0
-        fwd_tokens: list[int] = []  # per draft forward, pending verified tokens included
-        while len(tree) < policy.bs:  # immediate expansions (and a fresh tree's first ones)
-            pending = len(runner.pending)
-            f = tree.expand(fwd)
-            if f == 0:
-                break
-            forwards, tokens = forwards + 1, tokens + f
-            fwd_tokens.append(pending + f)
-        row["pre_forwards"] = forwards
+        fwd_nodes: list[int] = []  # tree nodes forwarded, per draft forward
+        fwd_tokens: list[int] = []  # the same, pending verified tokens included
+        while len(tree) < policy.bs and _expand(tree, fwd, runner, fwd_nodes, fwd_tokens):  # immediate expansions (and a fresh tree's first ones)
+            pass
+        row["pre_forwards"] = len(fwd_tokens)
         sel = tree.select(policy.bs)
         row.update(sent=len(sel), tree_size=len(tree))
         smsg = pack_subtree(tree, sel, policy.bs)
         work = link.isend(smsg) if leader else None  # smsg stays alive until work.wait()
         row["send_ms"] = ms()
         for _ in range(policy.d):  # overlapped with the target's verify of `sel`
-            pending = len(runner.pending)
-            f = tree.expand(fwd)
-            if f == 0:
+            if not _expand(tree, fwd, runner, fwd_nodes, fwd_tokens):
                 break
-            forwards, tokens = forwards + 1, tokens + f
-            fwd_tokens.append(pending + f)
         row["draft_end_ms"] = row["wait_start_ms"] = ms()
         if leader:
             work.wait()
@@ -265,7 +266,7 @@ def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t
         verdict = Verdict(path=path, bonus=bonus)
         out.extend(verdict.new_tokens(tree))
         gpu = timer.collect()
-        row.update(accepted=k, draft_forwards=forwards, draft_tokens=tokens, draft_gpu_ms=sum(gpu),
+        row.update(accepted=k, draft_forwards=len(fwd_nodes), draft_tokens=sum(fwd_nodes), draft_gpu_ms=sum(gpu),
                    forward_tokens=fwd_tokens)
         if kind == KIND_DONE:
             row["commit_ms"] = 0.0

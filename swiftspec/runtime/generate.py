@@ -252,6 +252,16 @@ def cache_slots(prompt_len: int, max_new_tokens: int, policy: TreePolicy, draft:
     return prompt_len + max_new_tokens + policy.bs + tree
 
 
+def check_device(device: str, dtype: str) -> None:
+    """`device` is cpu or an available cuda, `dtype` one of DTYPES; else one-line UserError."""
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {device!r}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
+
+
 def generate_from_checkpoints(
     target: str | Path,
     draft: str | Path | None = None,
@@ -275,12 +285,7 @@ def generate_from_checkpoints(
     mode = Mode.parse(mode) if isinstance(mode, str) else mode
     policy = policy or make_policy(mode)
     policy.validate(mode)
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"unknown device {device!r}: choose cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
+    check_device(device, dtype)
     if weights not in ("checkpoint", "random"):
         raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
     if max_new_tokens < 1:

@@ -12,6 +12,9 @@ buffer is (max_bucket, max_tree) wide, so calls may pass any tree_mask width N <
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import torch
 
 from swiftspec.runtime.kv_cache import KVCache
@@ -110,3 +113,57 @@ class GraphRunner:
         mask[t:, 0] = True
         self.graphs[b].replay()
         return self.outputs[b][:t].clone()
+
+
+# --------------------------------------------------------------------------------------------
+# device time of forwards (profiler, validate)
+
+
+class TimedGraph:
+    """A captured graph whose replays log their device time: CUDA events around the replay, or a
+    fixed ms per replay (`fixed_ms`, see `replay_ms`)."""
+
+    def __init__(self, graph, log: list, fixed_ms: float | None = None):
+        self.graph, self.log, self.fixed_ms = graph, log, fixed_ms
+
+    def replay(self) -> None:
+        if self.fixed_ms is not None:
+            self.graph.replay()
+            self.log.append(self.fixed_ms)
+            return
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        self.graph.replay()
+        e.record()
+        self.log.append((s, e))
+
+
+class ForwardClock:
+    """Device time of every forward of some runners: CUDA events around graph replays (or, with
+    `fixed_ms[id(runner)]` = {bucket: ms}, that fixed time per replay), else perf_counter around
+    `ModelRunner._run` (CPU: the forward *is* host time, as in the profile)."""
+
+    def __init__(self, runners: Sequence, fixed_ms: dict[int, dict[int, float] | None] | None = None) -> None:
+        self.log: list = []
+        for r in runners:
+            if r.graphs is not None and r.graphs.use_graphs:
+                table = (fixed_ms or {}).get(id(r)) or {}
+                r.graphs.graphs = {b: TimedGraph(getattr(g, "graph", g), self.log, table.get(b))
+                                   for b, g in r.graphs.graphs.items()}
+            else:
+                run = getattr(r, "_untimed_run", r._run)
+                r._untimed_run = run
+
+                def timed(*a, _run=run, **k):
+                    t = time.perf_counter()
+                    out = _run(*a, **k)
+                    self.log.append((time.perf_counter() - t) * 1e3)
+                    return out
+
+                r._run = timed
+
+    def take(self, skip: int = 0) -> float:
+        """ms of the forwards logged since the last take, the first `skip` left out."""
+        vals = [x if isinstance(x, float) else x[0].elapsed_time(x[1]) for x in self.log[skip:]]
+        self.log.clear()
+        return float(sum(vals))
