@@ -199,41 +199,32 @@ def _worker(rank: int, cfg: CommConfig, init_file: str, rows_path: str, notes_pa
         for nbytes in cfg.sizes:
             buf = torch.randn(max(1, nbytes // esize), device=dev).to(dtype)
 
-            def pingpong(buf=buf):
-                if rank == 0:
-                    dist.send(buf, peer)
-                    dist.recv(buf, peer)
-                else:
-                    dist.recv(buf, peer)
-                    dist.send(buf, peer)
-
-            def halve(s):
-                return [x / 2 for x in s]
-
-            two = lambda: [pingpong() for _ in range(n)]  # noqa: E731
-            emit("send_recv", 2, nbytes, halve(_samples(two, lambda: torch.cuda.synchronize() if cuda else None,
-                                                        cfg, cuda)))  # fmt: skip
+            two = lambda buf=buf: [_pingpong(buf, rank, peer) for _ in range(n)]  # noqa: E731
+            emit("send_recv", 2, nbytes, [x / 2 for x in _samples(two, lambda: torch.cuda.synchronize() if cuda
+                                                                   else None, cfg, cuda)])  # fmt: skip
     barrier()
     if cuda and cfg.graphs and rank < 2:
         try:
             for nbytes in cfg.sizes:
                 buf = torch.randn(max(1, nbytes // esize), device=dev).to(dtype)
-                peer = 1 - rank
-
-                def pp(buf=buf, peer=peer):
-                    if rank == 0:
-                        dist.send(buf, peer)
-                        dist.recv(buf, peer)
-                    else:
-                        dist.recv(buf, peer)
-                        dist.send(buf, peer)
-
-                run = _graph_of(pp, n)
+                run = _graph_of(lambda buf=buf: _pingpong(buf, rank, 1 - rank), n)
                 emit("send_recv_graph", 2, nbytes, [x / 2 for x in _samples(run, torch.cuda.synchronize, cfg, cuda)])
         except RuntimeError as e:
             note(f"send_recv_graph skipped: {type(e).__name__}: {str(e).splitlines()[0]}")
     barrier()
     dist.destroy_process_group()
+
+
+def _pingpong(buf, rank: int, peer: int) -> None:
+    """One round trip of the tensor `buf` between ranks 0 and 1 (rank 0 sends first)."""
+    import torch.distributed as dist  # imported in the worker, after the NCCL environment is set
+
+    if rank == 0:
+        dist.send(buf, peer)
+        dist.recv(buf, peer)
+    else:
+        dist.recv(buf, peer)
+        dist.send(buf, peer)
 
 
 # --------------------------------------------------------------------------------------------
