@@ -131,7 +131,7 @@ def need_path(p: str | Path, what: str) -> Path:
 @dataclass
 class SimInputs:
     """Simulator inputs named by -i: a profile folder and/or an acceptance profile JSON (None =
-    the bundled derived H200 profile / synthetic acceptance)."""
+    the embedded H200 profile, measured where it covers the pair / synthetic acceptance)."""
 
     profile: str | None = None
     acceptance: str | None = None
