@@ -32,6 +32,11 @@ DEVICE=${DEVICE:-cuda}
 BUDGET=${BUDGET:-420}
 P="$OUT/h200-profile"
 mkdir -p "$P"
+# resume: the rows an earlier, budget-cut run measured (it skips those keys and measures the rest)
+RESUME=${RESUME:-benchmarks/results/h200-profile-partial/compute.partial.csv}
+if [ -f "$RESUME" ] && [ ! -f "$P/compute.partial.csv" ]; then
+  cp "$RESUME" "$P/compute.partial.csv" && echo "resuming from $RESUME ($(($(wc -l < "$RESUME") - 1)) rows)"
+fi
 PY=${PY:-python3}
 
 # required shapes first, then models that share their shapes (copied), then the other bundled shapes

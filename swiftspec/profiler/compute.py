@@ -387,7 +387,10 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     Runs the runtime's own `generate` loop (tree growth, selection, verification, KV compaction,
     graph input copies, device syncs) on a tiny Llama (hidden 64, 2 layers, vocab 256, random
     weights; the draft is the same model, so trees are accepted deeply and KV compaction runs
-    every iteration). Host work does not depend on model size: a forward is one graph replay.
+    every iteration). Caveat, found by `swiftspec validate` on the H200: host work is NOT independent
+    of the model: eager log-softmax/top-w, argmax and logits copies scale with the vocabulary and
+    graph launches with the layers, so these rows under-estimate real shapes (≈ 2× in the 2026-12-02
+    sweep); `validate` calibrates on stand-ins with the real vocabulary and depth instead.
     For each decode, host = (decode wall time - sum of the decode forwards' device time, from
     events around each graph replay on CUDA, perf_counter around each eager forward on CPU) /
     iterations; the row is the median over `prompts` decodes. The device time of log-softmax/top-w
@@ -566,6 +569,13 @@ def profile_compute(
     esize = torch.tensor([], dtype=torch_dtype).element_size()
     t_start = time.time()
     try:
+        # host work first: seconds of work, and the per-iteration cost every plan needs
+        if host and not all(k in done for k in host_keys) and (deadline is None or time.time() < deadline):
+            for row in measure_host(device, prompts=host_decodes[0], new_tokens=host_decodes[1]):
+                if (row["op"], row["model"], 1, 0, 0) not in done:
+                    emit(row)
+                    if bar is not None:
+                        bar.update(1)
         for job in jobs:
             if deadline is not None and time.time() > deadline:
                 break
@@ -595,12 +605,6 @@ def profile_compute(
             if log is not None:
                 log(f"{job.name} tp{job.tp}: {len(done) - n_before} points in {time.time() - t_job:.1f} s "
                     f"(total {time.time() - t_start:.0f} s)")
-        if host and not all(k in done for k in host_keys) and (deadline is None or time.time() < deadline):
-            for row in measure_host(device, prompts=host_decodes[0], new_tokens=host_decodes[1]):
-                if (row["op"], row["model"], 1, 0, 0) not in done:
-                    emit(row)
-                    if bar is not None:
-                        bar.update(1)
     finally:
         fh.close()
         if bar is not None:
