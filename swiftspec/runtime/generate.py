@@ -37,8 +37,10 @@ class GenerateConfig:
     """What to decode and how.
 
     keep_subtree: in serial mode, keep the drafted subtree under the bonus token for the next
-    round (its KV compacted behind the prefix) instead of starting a fresh tree. Chain trees never
-    contain the bonus token; static trees are always refilled from a fresh root.
+    round (its KV compacted behind the prefix) instead of starting a fresh tree. Off by default:
+    `serial` starts a fresh tree every iteration in the simulator, `run` and `validate` too, so the
+    word means one thing everywhere. Chain trees never contain the bonus token; static trees are
+    always refilled from a fresh root.
     eos_ids: stop after producing any of these (the stop token is kept in the output).
     rank_logprobs: synthetic acceptance: log q[rank] of the replayed AcceptanceProfile, which
     shapes the draft tree instead of the draft's own log-probabilities (`DraftTree`).
@@ -48,7 +50,7 @@ class GenerateConfig:
     policy: TreePolicy
     max_new_tokens: int
     eos_ids: tuple[int, ...] = ()
-    keep_subtree: bool = True
+    keep_subtree: bool = False
     rank_logprobs: tuple[float, ...] | None = None
 
 
@@ -276,7 +278,7 @@ def generate_from_checkpoints(
     weights: str = "checkpoint",
     eos: bool = True,
     max_len: int = 4096,
-    keep_subtree: bool = True,
+    keep_subtree: bool = False,
     seed: int = 0,
 ) -> GenerateResult:
     """Load the models, check the inputs, and run `generate` (the library side of the CLI)."""
