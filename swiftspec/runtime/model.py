@@ -32,6 +32,7 @@ from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.spec import ModelSpec, Shard, UserError
 
 ATTENTION_IMPLS = ("torch", "ref", "triton")
+FUSION_MODES = ("off", "compile", "triton")
 
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
@@ -160,14 +161,35 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
         self.scale = spec.head_dim**-0.5
         self.set_attention(attention)
-        self.set_fusion(False)  # opt-in until measured on the H200 (see benchmarks/bench_step.py --fuse)
+        self.set_fusion("off")  # opt-in until measured on the H200 (see benchmarks/bench_step_kernels.py)
 
-    def set_fusion(self, on: bool) -> None:
-        """On CUDA, run RMSNorm, RoPE and silu*up through `torch.compile` (one fused kernel each
-        instead of ~5-8 launches: a batch-1 step is launch-bound). Off: plain eager ops (CPU)."""
-        self.fused = bool(on)
+    def set_fusion(self, mode: str | bool) -> None:
+        """How the small per-layer ops run (a batch-1 step is launch-bound):
+
+        "off" (or False): plain eager ops, the reference. "compile" (or True): RMSNorm, RoPE and
+        silu*up through `torch.compile` (one fused kernel each instead of ~5-8 launches; CUDA).
+        "triton": `swiftspec.kernels` — residual add + RMSNorm, RoPE + KV-cache write, silu*up —
+        one launch each (4 per layer instead of ~30); runs on CPU under TRITON_INTERPRET=1.
+        """
+        mode = {False: "off", True: "compile"}.get(mode, mode) if isinstance(mode, bool) else mode
+        if mode not in FUSION_MODES:
+            raise UserError(f"fusion must be one of {', '.join(FUSION_MODES)}, got {mode!r}")
+        self.fusion, self.fused = mode, mode != "off"
+        on = mode == "compile"
         fuse = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if on else (lambda f: f)
         self._norm, self._rope, self._act = fuse(rms_norm), fuse(apply_rope), fuse(silu_mul)
+        self._fused_ops = self._workspace = None
+        if mode == "triton":
+            try:
+                from swiftspec.kernels.rmsnorm import add_rmsnorm
+                from swiftspec.kernels.rope_kv import rope_kv
+                from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel
+                from swiftspec.kernels.tree_attention import TreeAttentionWorkspace
+            except ImportError as e:
+                raise UserError(f"triton fusion is not available ({e}); use fusion 'off'") from None
+            self._fused_ops = (add_rmsnorm, rope_kv, silu_mul_kernel)
+            # split-KV combine counters shared by every layer: no memset launch per layer
+            self._workspace = TreeAttentionWorkspace(self.device)
 
     def set_attention(self, impl: str) -> None:
         """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
@@ -232,6 +254,9 @@ class Transformer(nn.Module):
         packed = self._pack(tree_mask) if self._pack is not None else None
         nq, nkv = sh.q_heads * hd, sh.kv_heads * hd
         x = self.embed[tokens]
+        if self._fused_ops is not None:
+            x = self._layers_triton(x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed)
+            return self._gather_logits(F.linear(x, self.lm_head).float())
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm, spec.rms_eps)
             qkv = F.linear(h, layer.wqkv, layer.bqkv)
@@ -241,14 +266,38 @@ class Transformer(nn.Module):
             kc, vc = cache.k[i], cache.v[i]
             kc[:, slots] = k.transpose(0, 1)
             vc[:, slots] = v.transpose(0, 1)
-            if allowed is not None:
-                a = sdpa_tree_attention(q, kc, vc, allowed, self.scale)
-            elif self._kernel is not None:
-                a = self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed)
-            else:
-                a = tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
+            a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
             x = x + self._all_reduce(F.linear(a.reshape(t, nq), layer.wo))
             h = self._norm(x, layer.mlp_norm, spec.rms_eps)
             x = x + self._all_reduce(F.linear(self._act(F.linear(h, layer.w13)), layer.w2))
         x = self._norm(x, self.norm, spec.rms_eps)
         return self._gather_logits(F.linear(x, self.lm_head).float())
+
+    def _attend(self, q, kc, vc, prefix_len, tree_mask, allowed, packed) -> torch.Tensor:
+        """One layer's tree attention by the chosen impl: q (T, Hq, D) -> (T, Hq, D)."""
+        if allowed is not None:
+            return sdpa_tree_attention(q, kc, vc, allowed, self.scale)
+        if self._kernel is not None:
+            ws = {"workspace": self._workspace} if self._workspace is not None else {}
+            return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, **ws)
+        return tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
+
+    def _layers_triton(self, x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed):
+        """The decoder layers and the final norm with fusion "triton": per layer add+RMSNorm, qkv
+        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM.
+        Each residual add is folded into the next norm (the last into the final norm), so the
+        arithmetic is that of the eager loop above. x: (T, hidden) embeddings -> (T, hidden) normed."""
+        add_rmsnorm, rope_kv, act = self._fused_ops
+        spec, sh, t = self.spec, self.shard, x.shape[0]
+        nq = sh.q_heads * spec.head_dim
+        norms = [layer.attn_norm for layer in self.layers] + [self.norm]
+        h, res = add_rmsnorm(x, None, norms[0], spec.rms_eps)
+        for i, layer in enumerate(self.layers):
+            kc, vc = cache.k[i], cache.v[i]
+            q = rope_kv(F.linear(h, layer.wqkv, layer.bqkv), cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads)
+            a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
+            o = self._all_reduce(F.linear(a.reshape(t, nq), layer.wo))
+            h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps)
+            down = self._all_reduce(F.linear(act(F.linear(h, layer.w13)), layer.w2))
+            h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps)
+        return h

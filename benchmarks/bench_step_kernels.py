@@ -1,0 +1,319 @@
+"""Decode/verify step with the per-layer small ops fused three ways, against the HBM floor (issue 4).
+
+    python benchmarks/bench_step_kernels.py                 # on the H200: < 3 minutes
+    TRITON_INTERPRET=1 python benchmarks/bench_step_kernels.py --device cpu --models PATH \\
+        --tokens 1,4 --kv 32 --reps 2 --out /tmp/bsk       # CPU smoke run (tiny checkpoint folder)
+
+Step ("kind" = step): Llama-3-8B and Llama-3.2-1B shapes (random bf16 weights), 1 and 64 new tokens
+(decode; tree verify with a causal mask), kv 1024 and 4096, Triton tree attention, with
+`Transformer.set_fusion` "off" (eager ops), "compile" (torch.compile of RMSNorm / RoPE / silu*up)
+and "triton" (swiftspec.kernels: add+RMSNorm, RoPE+KV write, silu*up; 4 launches per layer).
+Timed through `GraphRunner.run` (input copies + graph replay: what the runtime pays per step) and
+as the bare replay, over the HBM floor = (weights + KV bytes) / device-to-device copy bandwidth
+measured in the same run (the definition of benchmarks/bench_step.py). Also per mode: device ops
+(kernels + memsets) of one eager forward of 1 token, counted with torch.profiler, and the logits'
+agreement with "off" (max relative error, argmax agreement) on the same inputs.
+`pred_ms` is the prediction written in benchmarks/KERNELS.md before the run. "gemm_only" rows: the
+step's GEMMs alone in one graph (the part no small-op fusion can remove).
+
+Kernels ("kind" = kernel): each fused kernel against the eager ops it replaces and their
+torch.compile version, at the same model's shapes, 1 and 64 tokens: µs per call inside a CUDA
+graph of 20 calls (inputs L2-resident, as in the step where the GEMM just wrote them), and the
+kernel's bytes floor.
+
+Writes benchmarks/results/bench_step_kernels-<date>.{json,csv} with run_metadata(); prints tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kernels import time_calls  # noqa: E402  (sibling script: CUDA-graph timing of many calls)
+from bench_step import bytes_read, copy_bandwidth, time_ms  # noqa: E402  (the floor as bench_step defines it)
+
+from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
+from swiftspec.kernels.rmsnorm import add_rmsnorm  # noqa: E402
+from swiftspec.kernels.rope_kv import rope_kv  # noqa: E402
+from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel  # noqa: E402
+from swiftspec.runtime.graphs import GraphRunner  # noqa: E402
+from swiftspec.runtime.kv_cache import KVCache  # noqa: E402
+from swiftspec.runtime.model import apply_rope, rms_norm, silu_mul  # noqa: E402
+from swiftspec.runtime.weights import load_model  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# Predictions for fusion "triton" (ms per GraphRunner.run step), written down before any GPU run:
+# benchmarks/KERNELS.md, "Fused small ops (pending measurement)". Key: (model, tokens, kv_len).
+PRED_MS = {
+    ("Llama-3-8B", 1, 1024): 4.91, ("Llama-3-8B", 1, 4096): 5.22,
+    ("Llama-3-8B", 64, 1024): 5.65, ("Llama-3-8B", 64, 4096): 6.50,
+    ("Llama-3.2-1B", 1, 1024): 1.17, ("Llama-3.2-1B", 1, 4096): 1.28,
+    ("Llama-3.2-1B", 64, 1024): 1.40, ("Llama-3.2-1B", 64, 4096): 1.67,
+}  # fmt: skip
+
+
+def _q(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def device_ops(model, cache: KVCache, device: torch.device) -> float:
+    """Kernels + memsets/memcpys one eager forward of 1 token puts on the GPU (torch.profiler);
+    NaN on CPU. The same ops are the nodes of the captured graph."""
+    if device.type != "cuda":
+        return float("nan")
+    one = torch.ones(1, dtype=torch.long, device=device)
+    args = (one, one, cache, one, 1, torch.ones(1, 1, dtype=torch.bool, device=device))
+    model(*args)  # compiled / JIT-ed already by the graph warm-up; once more to be sure
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model(*args)
+        torch.cuda.synchronize()
+    return float(sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA))
+
+
+def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, logits: dict) -> list[dict]:
+    """Time every token count through `runner`; compare logits with those of fusion "off"."""
+    device, rows = runner.model.device, []
+    for t in args.tokens:
+        gen = torch.Generator().manual_seed(t)
+        toks = torch.randint(0, spec.vocab, (t,), generator=gen).to(device)
+        pos = kv + torch.arange(t, device=device)
+        mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, 10, device)  # noqa: B023
+        out = runner.run(toks, pos, pos, kv, mask).float()
+        ref = logits.setdefault((kv, t), out) if base["fusion"] == "off" else logits.get((kv, t))
+        row = {**base, "tokens": t, "floor_ms": bytes_read(spec, t, kv) / bw * 1e3, "bytes": bytes_read(spec, t, kv),
+               "median_ms": statistics.median(ms), "p10_ms": _q(ms, 0.1), "p90_ms": _q(ms, 0.9), "reps": len(ms),
+               "pred_ms": PRED_MS.get((spec.name, t, kv), float("nan")) if base["fusion"] == "triton" else float("nan")}  # fmt: skip
+        if runner.use_graphs:
+            row["replay_ms"] = statistics.median(time_ms(runner.graphs[runner.bucket(t)].replay, args.reps, 3, device))
+        if ref is not None:
+            row["max_rel_err_vs_off"] = float((out - ref).abs().max() / ref.abs().max())
+            row["argmax_agree_vs_off"] = float((out.argmax(-1) == ref.argmax(-1)).float().mean())
+        rows.append(row)
+    return rows
+
+
+def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
+    model = load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
+                       num_layers=args.layers)  # fmt: skip
+    spec, rows, logits = model.spec, [], {}
+    for kv in args.kv:
+        cache = KVCache(spec, model.shard, kv + max(args.tokens), device, dtype)
+        for fusion in args.fusions:
+            base = dict(kind="step", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
+                        attention=args.attention)  # fmt: skip
+            try:
+                model.set_fusion(fusion)
+                runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
+                base["device_ops_1tok"] = device_ops(model, cache, device) if kv == args.kv[0] else float("nan")
+                new = step_rows(args, runner, spec, kv, base, bw, logits)
+            except Exception as e:  # a mode that fails to compile or capture: record it, go on
+                rows.append({**base, "error": f"{type(e).__name__}: {e}"[:300]})
+                print(f"{spec.name} kv {kv} fusion {fusion}: FAILED {type(e).__name__}: {e}", flush=True)
+                new = []
+            rows += new
+            print(f"{spec.name} kv {kv} fusion {fusion}: " + ", ".join(
+                f"T={r['tokens']} {r['median_ms']:.3f} ms ({r['median_ms'] / r['floor_ms']:.2f}x floor)"
+                for r in new), flush=True)  # fmt: skip
+            runner = None  # free its graphs and pool before the next mode captures
+            _free(device)
+        cache = None
+        _free(device)
+    rows += gemm_rows(args, model, device, bw)
+    if not args.no_kernels:
+        rows += bench_kernels(args, model, device, dtype, bw)
+    return rows
+
+
+def gemm_rows(args, model, device: torch.device, bw: float) -> list[dict]:
+    """The step's GEMMs alone (every layer's qkv, o, gate/up, down, then the LM head) in one graph:
+    what is left of the step when every small op and attention cost nothing."""
+    rows = []
+    for t in args.tokens:
+        x = torch.randn(t, model.spec.hidden, device=device).to(model.dtype)
+        a = torch.randn(t, model.shard.q_heads * model.spec.head_dim, device=device).to(model.dtype)
+        m = torch.randn(t, model.shard.ffn, device=device).to(model.dtype)
+
+        def gemms(x=x, a=a, m=m):
+            for layer in model.layers:
+                F.linear(x, layer.wqkv, layer.bqkv), F.linear(a, layer.wo)
+                F.linear(x, layer.w13), F.linear(m, layer.w2)
+            F.linear(x, model.lm_head)
+
+        ms = time_calls([gemms], device.type) / 1e3
+        floor = bytes_read(model.spec, t, 0) / bw * 1e3
+        rows.append(dict(kind="gemm_only", model=model.spec.name, layers=model.spec.num_layers, tokens=t,
+                         median_ms=ms, floor_ms=floor, bytes=bytes_read(model.spec, t, 0)))  # fmt: skip
+    return rows
+
+
+# ------------------------------------------------------------------------------ per kernel
+
+
+def _rope_kv_eager(rope: Callable) -> Callable:
+    """The model's eager RoPE + KV write, with `rope` = apply_rope (eager) or its compiled form."""
+
+    def run(qkv, cos, sin, slots, kc, vc, hq, hkv):
+        t, d = qkv.shape[0], kc.shape[-1]
+        q = rope(qkv[:, : hq * d].view(t, hq, d), cos, sin)
+        k = rope(qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d), cos, sin)
+        kc[:, slots] = k.transpose(0, 1)
+        vc[:, slots] = qkv[:, (hq + hkv) * d :].view(t, hkv, d).transpose(0, 1)
+        return q
+
+    return run
+
+
+def _add_norm_eager(norm: Callable) -> Callable:
+    def run(x, res, w, eps):
+        new = res + x
+        return norm(new, w, eps), new
+
+    return run
+
+
+def kernel_cases(model, t: int, device: torch.device, dtype: torch.dtype, compiled: dict) -> dict:
+    """{kernel: (bytes moved, {impl: call})} at the model's shapes for t tokens; impl "torch" is the
+    model's eager ops, "compile" the same through torch.compile (when `compiled` has them)."""
+    spec, sh = model.spec, model.shard
+    h, hq, hkv, d, f = spec.hidden, sh.q_heads, sh.kv_heads, spec.head_dim, sh.ffn
+    el = torch.tensor([], dtype=dtype).element_size()
+    g = torch.Generator(device=device).manual_seed(t)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=device).to(dtype)
+
+    x, res, w, eps = rnd(t, h), rnd(t, h), 1 + 0.1 * rnd(h), spec.rms_eps
+    qkv = rnd(t, (hq + 2 * hkv) * d)
+    freqs = (torch.arange(t, device=device) + 1000).float()[:, None] * model.inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    kc, vc = torch.zeros(2, hkv, 4096 + 64, d, device=device, dtype=dtype)
+    slots = 4096 + torch.arange(t, device=device)
+    rope_args = (qkv, cos, sin, slots, kc, vc, hq, hkv)
+    gu = rnd(t, 2 * f)
+    cases = {
+        "add_rmsnorm": ((4 * t * h + h) * el, {"triton": lambda: add_rmsnorm(x, res, w, eps),
+                                               "torch": lambda: _add_norm_eager(rms_norm)(x, res, w, eps)}),
+        "rope_kv": (((hq + 2 * hkv) * d * 2 + 2 * d + (hq + 2 * hkv) * d) * t * el,
+                    {"triton": lambda: rope_kv(*rope_args), "torch": lambda: _rope_kv_eager(apply_rope)(*rope_args)}),
+        "silu_mul": (3 * t * f * el, {"triton": lambda: silu_mul_kernel(gu), "torch": lambda: silu_mul(gu)}),
+    }  # fmt: skip
+    if compiled:
+        cases["add_rmsnorm"][1]["compile"] = lambda: _add_norm_eager(compiled["norm"])(x, res, w, eps)
+        cases["rope_kv"][1]["compile"] = lambda: _rope_kv_eager(compiled["rope"])(*rope_args)
+        cases["silu_mul"][1]["compile"] = lambda: compiled["act"](gu)
+    return cases
+
+
+def bench_kernels(args, model, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
+    """µs per call of each fused kernel vs the eager ops it replaces (and their torch.compile)."""
+    compiled = {}
+    if "compile" in args.fusions and device.type == "cuda":
+        compiled = {k: torch.compile(fn, dynamic=False, fullgraph=True)
+                    for k, fn in (("norm", rms_norm), ("rope", apply_rope), ("act", silu_mul))}  # fmt: skip
+    rows = []
+    for t in args.tokens:
+        for kname, (nbytes, impls) in kernel_cases(model, t, device, dtype, compiled).items():
+            for impl, call in impls.items():
+                base = dict(kind="kernel", model=model.spec.name, kernel=kname, impl=impl, tokens=t)
+                try:
+                    us = time_calls([call] * args.calls, device.type)
+                except Exception as e:  # record and go on
+                    rows.append({**base, "error": f"{type(e).__name__}: {e}"[:300]})
+                    continue
+                floor = nbytes / bw * 1e6 if device.type == "cuda" else float("nan")
+                rows.append({**base, "us": us, "bytes": nbytes, "floor_us": floor})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="Llama-3-8B,Llama-3.2-1B", help="bundled names or checkpoint folders")
+    ap.add_argument("--tokens", default="1,64")
+    ap.add_argument("--kv", default="1024,4096")
+    ap.add_argument("--fusions", default=None, help="default: off,compile,triton on cuda; off,triton on cpu")
+    ap.add_argument("--attention", default="triton", help="torch | triton")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--layers", type=int, default=None, help="keep only the first n layers")
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--calls", type=int, default=20, help="kernel calls per captured graph (per-kernel timing)")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel microbenchmarks")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    args.tokens = [int(x) for x in args.tokens.split(",")]
+    args.kv = [int(x) for x in args.kv.split(",")]
+    args.fusions = (args.fusions or ("off,compile,triton" if device.type == "cuda" else "off,triton")).split(",")
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    torch.manual_seed(0)
+
+    bw = copy_bandwidth(device)
+    print(f"device-to-device copy: {bw / 1e12:.3f} TB/s (read + write)", flush=True)
+    rows = []
+    for name in args.models.split(","):
+        rows += bench_steps(args, name, device, dtype, bw)
+    df = pd.DataFrame(rows)
+    meta = run_metadata(args.device)
+    meta.update(copy_bandwidth_Bps=bw, dtype=str(dtype).replace("torch.", ""), weights="random",
+                attention=args.attention)  # fmt: skip
+    stem = f"bench_step_kernels-{meta['date'][:10]}"
+    out = Path(args.out)
+    clean = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in rows]  # NaN -> null
+    atomic_write_text(out / f"{stem}.json", json.dumps({"meta": meta, "rows": clean}, indent=1) + "\n")
+    atomic_write_text(out / f"{stem}.csv", df.to_csv(index=False))
+
+    fmt = {"display.width": 200, "display.max_columns": 30, "display.float_format": "{:.3f}".format}
+    steps = df[df["kind"] == "step"]
+    if "median_ms" in steps:
+        steps = steps.dropna(subset=["median_ms"]).assign(x_floor=lambda d: d["median_ms"] / d["floor_ms"])
+        table = steps.pivot_table(index=["model", "kv_len", "tokens"], columns="fusion",
+                                  values=["median_ms", "x_floor"], aggfunc="first")  # fmt: skip
+        table[("floor_ms", "")] = steps.groupby(["model", "kv_len", "tokens"])["floor_ms"].first()
+        table[("pred_ms", "triton")] = steps[steps["fusion"] == "triton"].groupby(
+            ["model", "kv_len", "tokens"])["pred_ms"].first()  # fmt: skip
+        with pd.option_context(*[x for kv in fmt.items() for x in kv]):
+            print(f"\nms per step through GraphRunner ({meta['gpu']}, {meta['dtype']}, random weights, "
+                  f"{args.attention} attention; goals 1 token <= 1.15x floor, 64 tokens <= 1.3x)\n{table}")  # fmt: skip
+            ops = steps.dropna(subset=["device_ops_1tok"]) if "device_ops_1tok" in steps else steps.iloc[:0]
+            if len(ops):
+                print("\ndevice ops per 1-token forward\n"
+                      f"{ops.groupby(['model', 'fusion'])['device_ops_1tok'].first().unstack()}")  # fmt: skip
+    gemm = df[df["kind"] == "gemm_only"]
+    if len(gemm):
+        with pd.option_context(*[x for kv in fmt.items() for x in kv]):
+            print("\nGEMMs alone (all layers + LM head, one graph; floor = weight bytes)\n"
+                  f"{gemm.set_index(['model', 'tokens'])[['median_ms', 'floor_ms']].assign(x_floor=lambda d: d['median_ms'] / d['floor_ms'])}")  # fmt: skip
+    kern = df[df["kind"] == "kernel"]
+    if "us" in kern and len(kern):
+        ktab = kern.pivot_table(index=["model", "kernel", "tokens"], columns="impl", values="us", aggfunc="first")
+        ktab["floor_us"] = kern.groupby(["model", "kernel", "tokens"])["floor_us"].first()
+        with pd.option_context(*[x for kv in fmt.items() for x in kv]):
+            print(f"\nµs per call inside a CUDA graph of {args.calls} calls\n{ktab}")
+    if "error" in df and df["error"].notna().any():
+        print("\nFAILED:\n" + "\n".join(df["error"].dropna().astype(str)))
+    print(f"\nwrote {out / stem}.json and .csv")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The model with `set_fusion("triton")` (add+RMSNorm, RoPE+KV write, silu*up kernels) against the
+eager model ("off"): logits and KV cache to 1e-5 in float32, and lossless speculative decoding.
+
+CPU under TRITON_INTERPRET=1 on the tiny checkpoints of conftest.py; the GPU test (marked gpu)
+replays CUDA graphs with fusion on against the eager unfused model.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from swiftspec.runtime.decoder import ModelRunner
+from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
+from swiftspec.runtime.kv_cache import KVCache
+from swiftspec.runtime.weights import load_model
+from swiftspec.spec import Mode, TreePolicy, UserError
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+if not HAS_CUDA and not INTERPRET:
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32, "rope_theta": 500000.0}  # fmt: skip
+CONFIGS = {
+    "llama-tied-llama3": ("llama", dict(tie_word_embeddings=True, rope_parameters=LLAMA3)),
+    "llama-linear-3layers": ("llama", dict(rope_parameters={"rope_type": "linear", "factor": 4.0},
+                                           num_hidden_layers=3)),
+    "qwen2-bias": ("qwen2", {}),
+}  # fmt: skip
+PROMPTS = {"llama": [3, 14, 15, 92, 65], "qwen2": [200, 1, 77]}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random tree: ancestor mask (n, n) incl. self, and depths (n,)."""
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.long)
+    for i in range(n):
+        p = int(torch.randint(0, i, (1,), generator=gen)) if i else -1
+        mask[i, i] = True
+        if p >= 0:
+            mask[i] |= mask[p]
+            depth[i] = depth[p] + 1
+    return mask, depth
+
+
+def steps(model, gen_seed: int) -> tuple[list[torch.Tensor], KVCache]:
+    """Prefill 20 tokens, verify a 9-node tree, then a draft-style step (3 new leaves seeing a
+    6-node tree region, non-square mask). Returns the three logits and the cache."""
+    gen = torch.Generator().manual_seed(gen_seed)
+    cache = KVCache(model.spec, model.shard, 48, "cpu", torch.float32)
+    p = 20
+    ar = torch.arange(p)
+    prompt = torch.randint(0, model.spec.vocab, (p,), generator=gen)
+    out = [model(prompt, ar, cache, ar, 0, torch.ones(p, p, dtype=torch.bool).tril())]
+    mask, depth = tree(9, gen)
+    toks = torch.randint(0, model.spec.vocab, (9,), generator=gen)
+    out.append(model(toks, p + depth, cache, p + torch.arange(9), torch.tensor(p), mask))
+    out.append(model(toks[6:], p + depth[6:], cache, p + 9 + torch.arange(3), p + 9, mask[6:, :6]))
+    return out, cache
+
+
+@pytest.mark.parametrize("name,attention", [("llama-tied-llama3", "torch"), ("llama-tied-llama3", "triton"),
+                                            ("llama-linear-3layers", "ref"), ("qwen2-bias", "torch")])  # fmt: skip
+def test_triton_fusion_matches_off(make_checkpoint, name, attention):
+    arch, kw = CONFIGS[name]
+    path = make_checkpoint(arch, **kw)
+    results = []
+    for fusion in ("off", "triton"):
+        model = load_model(path, attention=attention)
+        model.set_fusion(fusion)
+        results.append(steps(model, 11))
+    (ref, ref_cache), (got, got_cache) = results
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape and rel_err(g, r) <= 1e-5
+    assert rel_err(got_cache.kv, ref_cache.kv) <= 1e-5
+    # the tree step really used the fused path: a different model output would differ by >> 1e-5
+    assert rel_err(got[1], ref[2][:1].expand_as(ref[1])) > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lossless_generate_with_triton_fusion(make_checkpoint, arch):
+    """Speculative decoding with the fused target and draft equals the unfused target's greedy
+    output token for token (draft: the target plus noise, so some drafts are accepted, some not)."""
+    torch.set_num_threads(1)
+    target_off = load_model(make_checkpoint(arch))
+    target, draft = load_model(make_checkpoint(arch)), load_model(make_checkpoint(arch))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    target.set_fusion("triton")
+    draft.set_fusion("triton")
+    n, policy, prompt = 12, TreePolicy(bs=6, w=2, d=3), PROMPTS[arch]
+    auto = TreePolicy.autoregressive()
+    t = ModelRunner(target_off, cache_slots(len(prompt), n, auto, draft=False))
+    ref = generate(t, None, prompt, GenerateConfig(Mode.autoregressive, auto, n)).tokens
+    t = ModelRunner(target, cache_slots(len(prompt), n, policy, draft=False))
+    d = ModelRunner(draft, cache_slots(len(prompt), n, policy, draft=True))
+    res = generate(t, d, prompt, GenerateConfig(Mode.serial, policy, n))
+    assert res.tokens == ref and len(ref) == n
+    assert res.iterations < n - 1  # drafts were accepted: fewer target steps than tokens
+
+def test_set_fusion_modes(make_checkpoint):
+    model = load_model(make_checkpoint("llama"))
+    assert model.fusion == "off" and not model.fused  # the default
+    model.set_fusion(True)  # the boolean form of the existing API: torch.compile
+    assert model.fusion == "compile" and model.fused
+    model.set_fusion("triton")
+    assert model.fusion == "triton" and model.fused
+    model.set_fusion(False)
+    assert model.fusion == "off"
+    with pytest.raises(UserError, match="fusion must be one of off, compile, triton"):
+        model.set_fusion("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention):
+    from swiftspec.runtime.graphs import GraphRunner
+
+    path = make_checkpoint("llama")
+    ref_model = load_model(path, device="cuda", attention=attention)
+    model = load_model(path, device="cuda", attention=attention)
+    model.set_fusion("triton")
+    gen = torch.Generator().manual_seed(5)
+    mask, depth = tree(11, gen)
+    toks = torch.randint(0, 256, (11,), generator=gen)
+    args = (toks.cuda(), (20 + depth).cuda(), (20 + torch.arange(11)).cuda(), 20, mask.cuda())
+    ar = torch.arange(20, device="cuda")
+    causal = torch.ones(20, 20, dtype=torch.bool, device="cuda").tril()
+    eager_cache = KVCache(model.spec, model.shard, 64, "cuda", torch.float32)
+    graph_cache = KVCache(model.spec, model.shard, 64, "cuda", torch.float32)
+    ref_model(ar, ar, eager_cache, ar, 0, causal)
+    model(ar, ar, graph_cache, ar, 0, causal)
+    runner = GraphRunner(model, graph_cache, buckets=(1, 4, 16), max_tree=32)
+    ref = ref_model(args[0], args[1], eager_cache, *args[2:])
+    for _ in range(3):  # replays are repeatable (workspace counters reset, cache slots rewritten)
+        got = runner.run(*args)
+        assert runner.eager_calls == 0
+        assert rel_err(got, ref) <= 1e-4
+    torch.testing.assert_close(graph_cache.k[:, :, :31], eager_cache.k[:, :, :31], rtol=1e-5, atol=1e-5)
