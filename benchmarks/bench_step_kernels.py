@@ -27,7 +27,6 @@ Writes benchmarks/results/bench_step_kernels-<date>.{json,csv} with run_metadata
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import time_calls  # noqa: E402  (sibling script: CUDA-graph timing of many calls)
-from bench_step import bytes_read, copy_bandwidth, time_ms  # noqa: E402  (the floor as bench_step defines it)
+from bench_step import _free, _q, bytes_read, copy_bandwidth, time_ms  # noqa: E402  (the floor as bench_step defines it)
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
 from swiftspec.kernels.rmsnorm import add_rmsnorm  # noqa: E402
@@ -61,17 +60,6 @@ PRED_MS = {
     ("Llama-3.2-1B", 1, 1024): 1.17, ("Llama-3.2-1B", 1, 4096): 1.28,
     ("Llama-3.2-1B", 64, 1024): 1.40, ("Llama-3.2-1B", 64, 4096): 1.67,
 }  # fmt: skip
-
-
-def _q(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def device_ops(model, cache: KVCache, device: torch.device) -> float:
