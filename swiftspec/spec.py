@@ -350,6 +350,11 @@ class TreePolicy:
             return f"static-bs{self.bs}"
         return f"bs{self.bs}-w{self.w}-d{self.d}" + (f"-D{self.max_depth}" if self.max_depth else "")
 
+    @property
+    def keep_limit(self) -> int:
+        """Nodes kept when a tree is re-rooted (async): what one round of `d` expansions can create."""
+        return 1 + self.d * self.w * self.w
+
     @classmethod
     def chain(cls, k: int) -> TreePolicy:
         """Classic speculation: k drafted tokens in a sequence (k+1 nodes with the root)."""

@@ -46,7 +46,7 @@ from swiftspec.runtime.decoder import ModelRunner, reroot_draft
 from swiftspec.runtime.groups import Groups, Layout, Link, broadcast
 from swiftspec.runtime.runlog import SpanTimer
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC, SyntheticVerifier, resolve_bonus
-from swiftspec.runtime.tree import DraftTree, keep_limit
+from swiftspec.runtime.tree import DraftTree
 from swiftspec.runtime.verify import GreedyVerifier, Verdict
 from swiftspec.spec import Mode, Split, TreePolicy
 
@@ -143,7 +143,7 @@ def _model(ctx: Ctx, which: str, tp_rank: int, tp_size: int, group) -> torch.nn.
 
 def draft_slots(prompt_len: int, max_new: int, policy: TreePolicy) -> int:
     """Draft KV slots: prefix + a round's overshoot + kept subtree + one round of expansions."""
-    return prompt_len + max_new + policy.bs + keep_limit(policy) + (policy.bs + policy.d + 1) * policy.w + 2
+    return prompt_len + max_new + policy.bs + policy.keep_limit + (policy.bs + policy.d + 1) * policy.w + 2
 
 
 def target_slots(prompt_len: int, max_new: int, policy: TreePolicy) -> int:
@@ -274,7 +274,7 @@ def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t
             break
         c0 = time.perf_counter()
         found = not tree.static and tree.child_with_token(path[-1], bonus) is not None
-        tree = reroot_draft(runner, tree, verdict, keep_subtree=True, keep=keep_limit(policy))
+        tree = reroot_draft(runner, tree, verdict, keep_subtree=True, keep=policy.keep_limit)
         row.update(kept=len(tree) if found else 0, commit_ms=(time.perf_counter() - c0) * 1e3)
         rows.append(row)
         it += 1

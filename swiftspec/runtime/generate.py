@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
-from swiftspec.runtime.tree import DraftTree, keep_limit, tree_slots_needed
+from swiftspec.runtime.tree import DraftTree, tree_slots_needed
 from swiftspec.runtime.verify import GreedyVerifier, Verifier
 from swiftspec.spec import Mode, TreePolicy, UserError, resolve_model_path
 
@@ -152,7 +152,7 @@ def generate(
         new = verdict.new_tokens(tree)
         tree_nodes = len(tree)
         if speculative:
-            tree = reroot_draft(draft, tree, verdict, keep_subtree=keep, keep=keep_limit(policy))
+            tree = reroot_draft(draft, tree, verdict, keep_subtree=keep, keep=policy.keep_limit)
         else:
             tree = DraftTree.fresh(verdict.bonus, policy)
         sync()

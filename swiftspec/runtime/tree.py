@@ -238,13 +238,8 @@ class DraftTree:
 
 
 def tree_slots_needed(policy: TreePolicy) -> int:
-    """Most draft tree-region slots a round can occupy: a kept tree (`keep_limit` nodes), `d`
+    """Most draft tree-region slots a round can occupy: a kept tree (`policy.keep_limit` nodes), `d`
     expansions of up to `w` nodes, and (async) the expansions that refill a tree to `bs` nodes."""
     if policy.kind == "static":
         return len(policy.topology or ())
-    return keep_limit(policy) + policy.d * policy.w + policy.bs
-
-
-def keep_limit(policy: TreePolicy) -> int:
-    """Nodes kept when a tree is re-rooted: what one round of `d` expansions can create."""
-    return 1 + policy.d * policy.w * policy.w
+    return policy.keep_limit + policy.d * policy.w + policy.bs

@@ -116,7 +116,7 @@ class RankTree:
         """Keep only the subtree under `node` (which becomes the root), renumbered in creation order.
 
         limit: keep at most this many nodes, the best-first ones (highest cum_logprob, ties to the
-        earlier-created), as the runtime does (`DraftTree.reroot(keep=...)`, `tree.keep_limit`).
+        earlier-created), as the runtime does (`DraftTree.reroot(keep=...)`, `TreePolicy.keep_limit`).
         """
         keep = [node]
         stack = [node]
@@ -217,7 +217,7 @@ def request_trajectory(
     """Replay one request until at least `max_new_tokens` tokens are produced.
 
     serial/chain start a fresh tree at every bonus token (we do not keep the subtree under it);
-    async follows Algorithm 1 and keeps it, at most `keep_limit(policy)` nodes (best-first), as
+    async follows Algorithm 1 and keeps it, at most `policy.keep_limit` nodes (best-first), as
     the runtime does. `logq`: log draft probability by rank, shape (>= w,). Step for step what
     the runtime (`generate.generate`, `engine._async_draft`) does: same forwards, same tokens per
     forward (pending tokens included), same nodes sent.
@@ -240,13 +240,10 @@ def request_trajectory(
     if mode in (Mode.serial, Mode.chain):
         # a fresh tree every iteration: its shape and selection never change, only the path does
         tree = RankTree(logq, policy.w, policy.max_depth)
-        pre = []
+        pre: list[tuple[int, int]] = []
         for _ in range(policy.d):
-            size = len(tree)
-            f = tree.expand()
-            if f == 0:
+            if not _expand_once(tree, pre, 0):
                 break
-            pre.append((f, size))
         sel = tree.select(policy.bs)
         pending = 0
         while pos < max_new_tokens:
@@ -256,36 +253,37 @@ def request_trajectory(
             pos += k + 1
         return out
     # async (Algorithm 1)
-    limit = 1 + policy.d * policy.w * policy.w  # = runtime.tree.keep_limit (not imported: it pulls in torch)
     tree = RankTree(logq, policy.w, policy.max_depth)
     pending = 0
     while pos < max_new_tokens:
-        pre = []
-        while len(tree) < policy.bs:
-            size = len(tree)
-            f = tree.expand()
-            if f == 0:
-                break
-            pre.append((f + pending, size))
+        pre: list[tuple[int, int]] = []
+        while len(tree) < policy.bs and _expand_once(tree, pre, pending):
             pending = 0
         size_sent = len(tree)
         sel = tree.select(policy.bs)
-        overlap = []
+        overlap: list[tuple[int, int]] = []
         for _ in range(policy.d):
-            size = len(tree)
-            f = tree.expand()
-            if f == 0:
+            if not _expand_once(tree, overlap, pending):
                 break
-            overlap.append((f + pending, size))
             pending = 0
         last, k = tree.verify(sel, path, pos)
         bonus = int(path[pos + k]) if pos + k < len(path) else -1
         unexpanded = tree.unexpanded_on_path(last)
-        kept = len(tree) if tree.advance(last, bonus, limit) else 0
+        kept = len(tree) if tree.advance(last, bonus, policy.keep_limit) else 0
         pending = 0 if kept else unexpanded
         out.append(IterationTrace(tuple(pre), tuple(overlap), len(sel), k + 1, size_sent, kept))
         pos += k + 1
     return out
+
+
+def _expand_once(tree: RankTree, log: list[tuple[int, int]], pending: int) -> bool:
+    """One draft forward, logged as (tokens incl. `pending`, tree size before); False when nothing
+    is left to expand."""
+    size = len(tree)
+    f = tree.expand()
+    if f:
+        log.append((f + pending, size))
+    return f > 0
 
 
 def _with_pending(forwards, pending: int) -> tuple[tuple[int, int], ...]:
