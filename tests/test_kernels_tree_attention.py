@@ -275,6 +275,10 @@ def test_choose_config_rules():
     assert c.block_m == 16 and c.num_splits == 64
     assert choose_config(8, 8, 1, 128, 64, 2, 132).num_splits == 1  # one key block: no split
     assert choose_config(8, 8, 1, 128, 16384, 2, 132, num_splits=5).num_splits == 5  # override wins
+    # a third pipeline stage only where a split walks >= 8 key blocks (bf16/fp16)
+    assert choose_config(64, 32, 8, 128, 16384, 2, 132).num_stages == 3  # 4096 keys per split
+    assert choose_config(8, 8, 1, 128, 1024, 2, 132).num_stages == 2  # 128 keys per split
+    assert choose_config(64, 32, 8, 128, 16384, 4, 132).num_stages == 2  # float32 path unchanged
     with pytest.raises(ValueError, match="rule"):
         choose_config(8, 8, 1, 128, 1024, 2, rule="fast")
 

@@ -50,7 +50,7 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
 Tile sizes: BLOCK_N = 64 keys for D = 128 (K and V tiles 16 KB each in bf16), 128 for D = 64,
 32 for float32 inputs (a correctness path: IEEE dots spill registers even so);
 BLOCK_M = 16..64 rows by the row count; num_warps 4 (8 at BLOCK_M 64, where 4 warps spill
-registers), num_stages 2. Heuristic, not autotuned:
+registers), num_stages 2 (3 when a split walks >= 8 key blocks). Heuristic, not autotuned:
 autotuning inside CUDA-graph capture is slow and picks per-shape configs the graph cannot change.
 """
 
@@ -504,8 +504,15 @@ def choose_config(
     # ptxas for sm_90 (triton 3.9): BLOCK_M 64 with 4 warps spills (255 regs + 272 B stack); with
     # 8 warps it does not and uses wgmma (HGMMA). BLOCK_M <= 32 fits 4 warps (mma.sync, no spill).
     num_warps = 8 if bm >= 64 else 4
+    if num_stages is None:
+        # A third pipeline stage pays off once a program walks many key blocks (H200 sweep,
+        # kernels_2026-12-02 second run: 32/8 kv 16384 q64, 4096 keys per split: 124 -> 94 µs;
+        # 8/1 kv 16384, 512 keys per split: 50 -> 49 µs) and costs at short ones (8/1 kv 1024,
+        # 128 keys per split: 18 -> 20 µs).
+        keys_per_split = triton.cdiv(max_len, int(num_splits))
+        num_stages = 3 if elem_bytes <= 2 and keys_per_split >= 8 * bn else 2
     return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps,
-                               num_stages=num_stages or 2)
+                               num_stages=num_stages)
 
 
 class TreeAttentionWorkspace:

@@ -206,7 +206,7 @@ def without_comm(model) -> None:
 
 
 def shard_model(name_or_path: str, tp: int, device: str, dtype: torch.dtype, seed: int = 0,
-                attention: str = "torch"):
+                attention: str = "auto"):
     """Rank 0 of a `tp`-way shard with random weights at real shapes, communication skipped."""
     from swiftspec.runtime.weights import load_model
 
@@ -249,7 +249,7 @@ class ShardJob:
     tp: int
     grid: ComputeGrid
     done: set = field(default_factory=set)
-    attention: str = "torch"
+    attention: str = "auto"
 
     def keys(self) -> list[tuple]:
         m, t = self.name, self.tp
@@ -501,7 +501,7 @@ def profile_compute(
     host: bool = True,
     host_decodes: tuple[int, int] = (3, 48),
     alias: bool = True,
-    attention: str = "torch",
+    attention: str = "auto",
     time_budget_s: float | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
@@ -512,8 +512,8 @@ def profile_compute(
     under their name (listed in meta.json `aliases`). time_budget_s: stop starting new points
     after this many seconds and write what was measured (meta.json `incomplete` says so).
     host_decodes: (prompts, new tokens) of each mode's decodes for the `host` rows.
-    attention: the runtime's attention implementation to time ("torch" SDPA, the runtime's default,
-    or "triton"). log: called with one line per finished (model, tp) (for non-interactive runs).
+    attention: the runtime's attention implementation to time ("auto" = the runtime's default for
+    the device, "torch" SDPA or "triton"); the small ops use the runtime's default fusion. log: called with one line per finished (model, tp) (for non-interactive runs).
     """
     if device not in ("cpu", "cuda"):
         raise UserError(f"unknown device {device!r}: choose cpu or cuda")
@@ -530,6 +530,9 @@ def profile_compute(
         if not vals or any(v < 1 for v in vals):
             raise UserError(f"{name} needs positive integers, got {list(vals)}")
     timing = timing or TimingConfig.for_device(device)
+    from swiftspec.runtime.weights import resolve_kernels
+
+    attention, fusion = resolve_kernels(device, attention)
     parsed = _parse_models(models)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -637,6 +640,7 @@ def profile_compute(
         source="measured",
         dtype=dtype,
         attention=attention,
+        fusion=fusion,
         weights="random (real shapes)",
         grid=asdict(grid),
         timing=asdict(timing),

@@ -161,7 +161,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
         self.scale = spec.head_dim**-0.5
         self.set_attention(attention)
-        self.set_fusion("off")  # opt-in until measured on the H200 (see benchmarks/bench_step_kernels.py)
+        self.set_fusion("off")  # load_model picks the device default ("triton" on CUDA)
 
     def set_fusion(self, mode: str | bool) -> None:
         """How the small per-layer ops run (a batch-1 step is launch-bound):

@@ -177,6 +177,17 @@ def _fill(model: Transformer, read: Reader, names: set[str] | None) -> None:
                 model.lm_head.copy_(get("lm_head.weight", 0, sl.vocab, 1, sh.vocab))
 
 
+def resolve_kernels(device: str | torch.device, attention: str = "auto", fusion: str = "auto") -> tuple[str, str]:
+    """(attention, fusion) with "auto" replaced by the device's default: Triton kernels on CUDA,
+    the torch path on CPU (where Triton runs only under the interpreter)."""
+    cuda = torch.device(device).type == "cuda"
+    if attention == "auto":
+        attention = "triton" if cuda else "torch"
+    if fusion == "auto":
+        fusion = "triton" if cuda else "off"
+    return attention, fusion
+
+
 def load_model(
     path_or_name: str | Path,
     *,
@@ -188,6 +199,7 @@ def load_model(
     group: dist.ProcessGroup | None = None,
     seed: int = 0,
     attention: str = "auto",
+    fusion: str = "auto",
     num_layers: int | None = None,
 ) -> Transformer:
     """The model of one TP rank. `path_or_name`: checkpoint folder or bundled name (random only).
@@ -195,6 +207,10 @@ def load_model(
     attention: "auto" = the Triton tree-attention kernel on CUDA (measured faster than masked
     SDPA at every shape, benchmarks/results/kernels_*.json), the torch path on CPU; or "torch",
     "ref", "triton".
+
+    fusion: "auto" = "triton" on CUDA (the fused add+RMSNorm, RoPE+KV write and silu*up kernels:
+    Llama-3-8B 1-token step 7.17 -> 5.04 ms on the H200, benchmarks/results/bench_step_kernels-*),
+    "off" on CPU; or "off", "compile", "triton" (see `Transformer.set_fusion`).
 
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
     The returned model carries `model.weights` = "checkpoint" | "random" for labelling outputs.
@@ -213,11 +229,11 @@ def load_model(
         read, names = _checkpoint_reader(folder)
     else:
         read, names = _random_reader(spec, tp_rank, seed, torch.device(device), dtype), None
-    if attention == "auto":
-        attention = "triton" if torch.device(device).type == "cuda" else "torch"
+    attention, fusion = resolve_kernels(device, attention, fusion)
     model = Transformer(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention
     )
+    model.set_fusion(fusion)
     _fill(model, read, names)
     model.weights = weights
     return model.eval()
