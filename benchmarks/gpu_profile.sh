@@ -42,7 +42,7 @@ PY=${PY:-python3}
 # required shapes first, then models that share their shapes (copied), then the other bundled shapes
 MODELS=${MODELS:-Llama-3-70B,Llama-3-8B,Llama-3.2-3B,Llama-3.2-1B,Qwen2-72B,Qwen2-1.5B,Llama-3.3-70B,R1-Distill-Llama-70B,R1-Distill-Llama-8B,R1-Distill-Qwen-1.5B,R1-Distill-Qwen-32B,deepseek-coder-33b,deepseek-coder-1.3b}
 EXTRA=${EXTRA:-}  # e.g. EXTRA="--quick" for a smoke test
-ATTENTION=${ATTENTION:-torch}  # the runtime's default (SDPA); ATTENTION=triton profiles the Triton kernel
+ATTENTION=${ATTENTION:-auto}  # the runtime's default (Triton kernels on CUDA); ATTENTION=torch profiles SDPA
 
 t0=$(date +%s)
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')"
