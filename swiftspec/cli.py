@@ -507,13 +507,26 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
               "and use it in the predictions.")
 @click.option("-o", "--output", "out_dir", default=None, help="Write report.csv, report.json, host.csv here.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--repredict", default=None, metavar="REPORT",
+              help="Run nothing: predict an earlier sweep (its report.json, folder or printed log) again from "
+              "--profile, keeping its measurements and host calibration.")
 def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights, prompts, max_new_tokens, calibrate_host,
-                 out_dir, seed) -> None:  # fmt: skip
+                 out_dir, seed, repredict) -> None:  # fmt: skip
     """Predict configurations from a profile, then run them in one process: predicted vs measured."""
     import torch
 
     from swiftspec.validate import format_report, validate
 
+    if repredict:
+        from swiftspec.validate import repredict as repredict_sweep
+
+        rep = repredict_sweep(repredict, profile=profile_dir, acceptance=acceptance,
+                              log=lambda s: click.echo(s, err=True))
+        click.echo(format_report(rep))
+        if out_dir:
+            rep.write(out_dir)
+            click.echo(f"wrote {out_dir}/report.csv, report.json")
+        return
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rep = validate(gpus=gpus, device=device, configs=configs, pairs=_pairs(pairs), profile=profile_dir,
                    acceptance=acceptance, weights=weights, prompts=prompts, max_new_tokens=max_new_tokens,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -229,21 +230,27 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
     coef, _ = nnls(np.asarray(X), np.asarray(y))
     base = {m.value: float(c) for m, c in zip(mode_list, coef)}
     per_forward, per_token, per_node = (float(c) for c in coef[len(mode_list):])
-    rows = []
-    for m in mode_list:
-        rows.append({"op": "host", "model": m.value, "tp": 1, "tokens": 0, "kv_len": 0, "ms": base[m.value]})
-        for t in HOST_TOKENS:
-            if m is not Mode.autoregressive:
-                rows.append({"op": "host_expansion", "model": m.value, "tp": 1, "tokens": t, "kv_len": 0,
-                             "ms": per_forward + per_token * t})
-            rows.append({"op": "host_verify", "model": m.value, "tp": 1, "tokens": t, "kv_len": 0,
-                         "ms": per_node * t})
     stand_in = {"target_layers": tmodel.spec.num_layers, "draft_layers": dmodel.spec.num_layers,
                 "vocab": tmodel.spec.vocab, "device_time": "replay_ms" if fixed[id(t_runner)] else "perf_counter",
                 "tree_growth_subtracted": tree_growth_ms is not None}
     fit = {"base": base, "per_forward": per_forward, "per_token": per_token, "per_node": per_node,
            "samples": len(y), "stand_in": stand_in}
-    return pd.DataFrame(rows), fit
+    return host_rows_from_fit(fit), fit
+
+
+def host_rows_from_fit(fit: dict) -> pd.DataFrame:
+    """Profile rows (`host`, `host_expansion`, `host_verify`; Profile.compute columns) of a host fit
+    ({"base": {mode: ms}, "per_forward", "per_token", "per_node": ms})."""
+    rows = []
+    for mode, base in fit["base"].items():
+        rows.append({"op": "host", "model": mode, "tp": 1, "tokens": 0, "kv_len": 0, "ms": base})
+        for t in HOST_TOKENS:
+            if mode != Mode.autoregressive.value:
+                rows.append({"op": "host_expansion", "model": mode, "tp": 1, "tokens": t, "kv_len": 0,
+                             "ms": fit["per_forward"] + fit["per_token"] * t})
+            rows.append({"op": "host_verify", "model": mode, "tp": 1, "tokens": t, "kv_len": 0,
+                         "ms": fit["per_node"] * t})
+    return pd.DataFrame(rows)
 
 
 def with_host_rows(profile: Profile, rows: pd.DataFrame) -> Profile:
@@ -332,7 +339,6 @@ def validate(
     from swiftspec.runtime.synthetic import rank_logprobs, rank_paths
     from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
     from swiftspec.sim.latency import LatencyModel
-    from swiftspec.sim.predict_run import predict_run
     from swiftspec.sim.profile_default import default_profile
     from swiftspec.spec import AcceptanceProfile
 
@@ -403,41 +409,11 @@ def validate(
     prompt_lens = [len(p) for p in ids]
 
     # 1. predictions, recorded before anything runs
-    preds: dict[Config, dict] = {}
-    for c in cfgs:
-        t = ModelSpec.from_config(c.target)
-        d = ModelSpec.from_config(c.draft) if c.draft else None
-        split = Split.shared(1, with_draft=c.mode is not Mode.autoregressive)
-        try:
-            lat = lats[c]
-            res = predict_run(lat, acc_model, t, d, split, c.mode, c.policy, prompt_lens, max_new_tokens, paths)
-            s = res.summary
-            preds[c] = {"tokens_per_s": s.tokens_per_s_mean, "accepted": s.mean_accepted,
-                        "iteration_ms": s.iteration_ms,
-                        "host_ms": _host_per_iteration(lat, acc_model, c, paths, max_new_tokens)}
-            say(f"predicted {c.label}: {s.tokens_per_s_mean:.1f} tok/s, accepted {s.mean_accepted:.2f}, "
-                f"iteration {s.iteration_ms:.3f} ms")
-        except UserError as e:
-            preds[c] = {"error": str(e)}
-            say(f"no prediction for {c.label}: {e}")
-    say(f"predicted {sum('error' not in p for p in preds.values())} of {len(cfgs)} configurations")
+    preds = _predict_all(cfgs, lats, acc_model, prompt_lens, max_new_tokens, paths, say)
 
     # 2. run them all in this process
     measured = _run_all(cfgs, ids, paths, logq, max_new_tokens, device, weights, seed, say)
-
-    rows = []
-    for c in cfgs:
-        p, m = preds[c], measured[c]
-        ptps = p.get("tokens_per_s")
-        err = 100.0 * (m["tokens_per_s"] - ptps) / ptps if ptps and m["tokens_per_s"] == m["tokens_per_s"] else None
-        rows.append({"config": c.label, "target": Path(c.target).name, "draft": Path(c.draft).name if c.draft else None,
-                     "mode": c.mode.value, "policy": c.policy.key, "prompts": len(ids), "max_new_tokens": max_new_tokens,
-                     "predicted_tokens_per_s": ptps, "measured_tokens_per_s": m["tokens_per_s"], "error_pct": err,
-                     "predicted_accepted": p.get("accepted"), "measured_accepted": m["accepted"],
-                     "predicted_iteration_ms": p.get("iteration_ms"), "measured_iteration_ms": m["iteration_ms"],
-                     "measured_forward_ms": m["forward_ms"], "measured_host_ms": m["host_ms"],
-                     "predicted_host_ms": p.get("host_ms")})  # fmt: skip
-    table = pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
+    table = _report_table(cfgs, preds, measured, len(ids), max_new_tokens)
     meta = {**run_metadata(device), "profile": profile or "builtin:h200-derived", "profile_label": prof_label,
             "acceptance": acceptance or "builtin:qwen2-72b-table7", "acceptance_label": acc_label,
             "weights": weights, "device": device, "gpus": gpus, "pairs": [list(p) for p in pairs],
@@ -452,6 +428,154 @@ def validate(
                      "include it, the profile's back-to-back forwards do not): compare iteration times"}  # fmt: skip
     if host_rows:
         meta["host_rows"] = host_rows
+    return ValidationReport(table, summarize(table), meta)
+
+
+def _predict_all(cfgs: list[Config], lats: dict, acc_model, prompt_lens: list[int], max_new: int,
+                 paths: list[list[int]], say: Callable[[str], None]) -> dict[Config, dict]:
+    """Config -> {"tokens_per_s", "accepted", "iteration_ms", "host_ms"} (or {"error"}), simulated
+    for the sweep's own workload with each configuration's latency model."""
+    from swiftspec.sim.predict_run import predict_run
+
+    preds: dict[Config, dict] = {}
+    for c in cfgs:
+        t = ModelSpec.from_config(c.target)
+        d = ModelSpec.from_config(c.draft) if c.draft else None
+        split = Split.shared(1, with_draft=c.mode is not Mode.autoregressive)
+        try:
+            lat = lats[c]
+            s = predict_run(lat, acc_model, t, d, split, c.mode, c.policy, prompt_lens, max_new, paths).summary
+            preds[c] = {"tokens_per_s": s.tokens_per_s_mean, "accepted": s.mean_accepted,
+                        "iteration_ms": s.iteration_ms,
+                        "host_ms": _host_per_iteration(lat, acc_model, c, paths, max_new)}
+            say(f"predicted {c.label}: {s.tokens_per_s_mean:.1f} tok/s, accepted {s.mean_accepted:.2f}, "
+                f"iteration {s.iteration_ms:.3f} ms")
+        except UserError as e:
+            preds[c] = {"error": str(e)}
+            say(f"no prediction for {c.label}: {e}")
+    say(f"predicted {sum('error' not in p for p in preds.values())} of {len(cfgs)} configurations")
+    return preds
+
+
+def _report_table(cfgs: list[Config], preds: dict[Config, dict], measured: dict[Config, dict], prompts: int,
+                  max_new: int) -> pd.DataFrame:
+    rows = []
+    for c in cfgs:
+        p, m = preds[c], measured[c]
+        ptps = p.get("tokens_per_s")
+        err = 100.0 * (m["tokens_per_s"] - ptps) / ptps if ptps and m["tokens_per_s"] == m["tokens_per_s"] else None
+        rows.append({"config": c.label, "target": Path(c.target).name, "draft": Path(c.draft).name if c.draft else None,
+                     "mode": c.mode.value, "policy": c.policy.key, "prompts": prompts, "max_new_tokens": max_new,
+                     "predicted_tokens_per_s": ptps, "measured_tokens_per_s": m["tokens_per_s"], "error_pct": err,
+                     "predicted_accepted": p.get("accepted"), "measured_accepted": m["accepted"],
+                     "predicted_iteration_ms": p.get("iteration_ms"), "measured_iteration_ms": m["iteration_ms"],
+                     "measured_forward_ms": m["forward_ms"], "measured_host_ms": m["host_ms"],
+                     "predicted_host_ms": p.get("host_ms")})  # fmt: skip
+    return pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
+
+
+# --------------------------------------------------------------------------------------------
+# re-prediction of a measured sweep
+
+_LOG_FIT = re.compile(r"^host fit (?P<key>\S+): (?P<terms>\{.*\}) base (?P<base>\{.*\})$")
+_LOG_WORKLOAD = re.compile(r"^workload: (?P<prompts>\d+) prompts .*, (?P<new>\d+) new tokens each")
+
+
+def read_sweep(source: str | Path) -> dict:
+    """The measured side of a sweep: {"pairs", "prompts", "max_new_tokens", "seed", "fits": {pair:
+    fit}, "measured": {config label: {"tokens_per_s", "accepted", "iteration_ms", "forward_ms",
+    "host_ms"}}} from a report.json (or its folder) or from the log `validate` prints (the table
+    and the "host fit" lines; seed 0)."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "report.json"
+    if not path.is_file():
+        raise UserError(f"{source}: no such file (give a validation report.json, its folder, or a validation log)")
+    text = path.read_text()
+    if path.suffix == ".json":
+        doc = json.loads(text)
+        meta, fits = doc.get("meta", {}), dict(doc.get("meta", {}).get("host_calibration") or {})
+        measured = {r["config"]: {"tokens_per_s": r["measured_tokens_per_s"], "accepted": r["measured_accepted"],
+                                  "iteration_ms": r["measured_iteration_ms"], "forward_ms": r["measured_forward_ms"],
+                                  "host_ms": r["measured_host_ms"]} for r in doc.get("rows", [])}  # fmt: skip
+        sweep = {"pairs": [tuple(p) for p in meta.get("pairs", [])], "prompts": meta.get("prompts"),
+                 "max_new_tokens": meta.get("max_new_tokens"), "seed": meta.get("seed", 0)}
+    else:
+        fits, measured, sweep = {}, {}, {"pairs": [], "prompts": None, "max_new_tokens": None, "seed": 0}
+        header = False
+        for line in text.splitlines():
+            line = line.rstrip()
+            if m := _LOG_FIT.match(line):
+                fits[m["key"]] = {**json.loads(m["terms"]), "base": json.loads(m["base"])}
+            elif m := _LOG_WORKLOAD.match(line):
+                sweep["prompts"], sweep["max_new_tokens"] = int(m["prompts"]), int(m["new"])
+            elif line.lstrip().startswith("config pred tok/s"):
+                header = True
+            elif header and line.startswith("median |error|"):
+                header = False
+            elif header and line.strip():
+                cells = line.split()
+                if len(cells) < 10:
+                    continue
+                label, v = " ".join(cells[:-9]), cells[-9:]
+                num = lambda x: float(x) if x not in ("-", "nan") else float("nan")  # noqa: E731
+                measured[label] = {"tokens_per_s": num(v[1]), "accepted": num(v[4]), "iteration_ms": num(v[6]),
+                                   "forward_ms": num(v[7]), "host_ms": num(v[8])}
+        sweep["pairs"] = [tuple(k.split("+", 1)) for k in fits if "+" in k]
+    fits = {k: f for k, f in fits.items() if "+" in k}  # the reference fit on the tiny model is not a pair's
+    if not measured or not sweep["prompts"] or not sweep["max_new_tokens"]:
+        raise UserError(f"{source}: not a validation report or log (no measured table / workload line)")
+    if not fits:
+        raise UserError(f"{source}: has no per-pair host calibration; re-run validate with --calibrate-host")
+    return {**sweep, "fits": fits, "measured": measured}
+
+
+def repredict(source: str | Path, profile: str | None = None, acceptance: str | None = None,
+              log: Callable[[str], None] | None = None) -> ValidationReport:
+    """Predict an already measured sweep again, from `profile` (default: the bundled H200 one): the
+    same configurations, workload, rank paths and per-pair host calibration as the run (host work
+    measured before the run, on stand-ins), only the device-time tables change. For a sweep whose
+    profile was incomplete or stale when it ran; the report says so (meta `repredicted`)."""
+    from swiftspec.files import run_metadata
+    from swiftspec.runtime.launch import load_prompts
+    from swiftspec.runtime.synthetic import rank_paths
+    from swiftspec.sim.acceptance import AcceptanceModel
+    from swiftspec.sim.latency import LatencyModel
+    from swiftspec.spec import AcceptanceProfile
+
+    say = log or (lambda s: None)
+    sweep = read_sweep(source)
+    profile = profile or _default_profile("cuda")
+    if profile is None:
+        raise UserError("give --profile DIR: no bundled measured profile")
+    prof = Profile.load(profile)
+    acceptance = acceptance or _default_acceptance()
+    acc = AcceptanceProfile.load(acceptance)
+    acc_model = AcceptanceModel(acc)
+    pairs = sweep["pairs"]
+    cfgs = [c for c in default_configs(pairs, acc.positional, None) if c.label in sweep["measured"]]
+    if not cfgs:
+        raise UserError(f"{source}: none of its configurations is one `validate` makes for pairs {pairs}")
+    base_lat = LatencyModel(prof)
+    lats: dict[Config, LatencyModel] = {c: base_lat for c in cfgs}
+    for t_name, d_name in pairs:
+        key = f"{Path(t_name).name}+{Path(d_name).name}"
+        lat = LatencyModel(with_host_rows(prof, host_rows_from_fit(sweep["fits"][key])))
+        for c in cfgs:
+            if c.target == t_name and (c.draft == d_name or (c.draft is None and lats[c] is base_lat)):
+                lats[c] = lat
+    vocab = min(ModelSpec.from_config(t).vocab for pair in pairs for t in pair)
+    ids, how = load_prompts("builtin", pairs[0][0], vocab, sweep["prompts"])
+    paths = rank_paths(acc, len(ids), sweep["max_new_tokens"] + 64, sweep["seed"])
+    preds = _predict_all(cfgs, lats, acc_model, [len(p) for p in ids], sweep["max_new_tokens"], paths, say)
+    measured = {c: sweep["measured"][c.label] for c in cfgs}
+    table = _report_table(cfgs, preds, measured, len(ids), sweep["max_new_tokens"])
+    meta = {**run_metadata("cpu"), "profile": profile, "profile_label": prof.label, "acceptance": acceptance,
+            "acceptance_label": f"synthetic (replay of measured {Path(acceptance).name})", "weights": "random",
+            "device": "cuda", "tokenized_with": how, "pairs": [list(p) for p in pairs], "prompts": len(ids), "max_new_tokens": sweep["max_new_tokens"],
+            "seed": sweep["seed"], "host_calibration": sweep["fits"],
+            "repredicted": {"measured_in": str(source), "note": "measured numbers and host calibration from the "
+                            "run; predictions made afterwards from this profile (device-time tables only)"}}
     return ValidationReport(table, summarize(table), meta)
 
 
@@ -588,6 +712,8 @@ def format_report(rep: ValidationReport) -> str:
              f"weights: {m['weights']}   device: {m['device']}",
              f"workload: {m['prompts']} prompts ({m['tokenized_with']}), {m['max_new_tokens']} new tokens each",
              show.to_string(index=False)]
+    if "repredicted" in m:
+        lines.insert(0, f"re-predicted: measured in {m['repredicted']['measured_in']}; {m['repredicted']['note']}")
     if s.get("compared"):
         lines.append(f"median |error| {s['median_abs_error_pct']:.2f} %   max |error| {s['max_abs_error_pct']:.2f} % "
                      f"({s['worst']})   over {s['compared']} configurations; goal: {s['goal']}")

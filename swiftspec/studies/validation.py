@@ -6,7 +6,7 @@ Inputs (-i, repeatable):
       policy, pair (or model_pair, or target + draft), error_pct (recomputed when absent, as
       100 · (measured - predicted) / predicted), acceptance, weights.
   a RunLog folder (`swiftspec run -o DIR`): one point per task with a prediction.
-Default: the newest benchmarks/results/validation*.csv (or validation*/report.csv), else the committed
+Default: the last by name of benchmarks/results/validation*.csv (or validation*/report.csv), else the committed
 run logs (benchmarks/results/*runlog*).
 """
 
@@ -88,7 +88,8 @@ def load(inputs: Sequence[str | Path]) -> pd.DataFrame:
     paths = [Path(p) for p in inputs]
     if not paths:
         d = results_dir()
-        reports = sorted([*d.glob("validation*.csv"), *d.glob("validation*/report.csv")], key=lambda p: p.stat().st_mtime) \
+        # by name (checkouts do not keep mtimes): validation_h200_run3 after validation_h200
+        reports = sorted([*d.glob("validation*.csv"), *d.glob("validation*/report.csv")], key=lambda p: str(p)) \
             if d.is_dir() else []
         paths = reports[-1:] or (sorted(p.parent for p in d.glob("*runlog*/summary.json")) if d.is_dir() else [])
         if not paths:
