@@ -16,8 +16,18 @@ import pytest
 
 from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
 from swiftspec.sim.latency import LatencyModel
-from swiftspec.spec import Mode, ModelSpec, Profile
-from swiftspec.validate import REPORT_COLUMNS, calibrate_host, stand_in_config, validate, with_host_rows
+from swiftspec.spec import Mode, ModelSpec, Profile, UserError
+from swiftspec.validate import (
+    REPORT_COLUMNS,
+    _fit_line,
+    calibrate_host,
+    format_report,
+    read_sweep,
+    repredict,
+    stand_in_config,
+    validate,
+    with_host_rows,
+)
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -151,6 +161,49 @@ def test_validate_calibrates_host_per_pair(make_checkpoint, tmp_path):
     assert {r["pair"] for r in rep.meta["host_rows"]} == {key}
     ar = rep.rows.iloc[0]  # autoregressive: base + one verified node per iteration, from this pair's fit
     assert ar["predicted_host_ms"] == pytest.approx(fit["base"]["autoregressive"] + fit["per_node"], rel=1e-9)
+
+
+def test_repredict_with_the_same_profile_reproduces_the_predictions(make_checkpoint, tmp_path):
+    target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
+    draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
+    prof = _profile([target.name, draft.name], tmp_path / "prof")
+    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
+                   configs=3, prompts=1, max_new_tokens=6, calibrate=True)
+    rep.write(tmp_path / "run")
+    again = repredict(tmp_path / "run", profile=prof)
+    cols = ["config", "predicted_tokens_per_s", "predicted_iteration_ms", "predicted_host_ms", "measured_tokens_per_s"]
+    pd.testing.assert_frame_equal(again.rows[cols], rep.rows[cols])
+    assert "repredicted" in again.meta and "re-predicted" in format_report(again)
+    # another profile (every layer 2x slower) changes the predictions, not the measurements
+    slow = Profile.load(prof)
+    slow.compute.loc[slow.compute["op"] == "layers", "ms"] *= 2
+    slow.save(tmp_path / "slow")
+    other = repredict(tmp_path / "run", profile=str(tmp_path / "slow"))
+    assert (other.rows["predicted_tokens_per_s"] < rep.rows["predicted_tokens_per_s"]).all()
+    assert np.allclose(other.rows["measured_tokens_per_s"], rep.rows["measured_tokens_per_s"], rtol=1e-12)
+
+
+def test_read_sweep_parses_the_printed_log(make_checkpoint, tmp_path):
+    target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
+    draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
+    prof = _profile([target.name, draft.name], tmp_path / "prof")
+    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
+                   configs=3, prompts=2, max_new_tokens=6, calibrate=True)
+    key, fit = next(iter(rep.meta["host_calibration"].items()))
+    log = tmp_path / "validation.log"
+    log.write_text(f"host fit {key}: {_fit_line(fit)}\n" + format_report(rep) + "\n")
+    sweep = read_sweep(log)
+    assert (sweep["prompts"], sweep["max_new_tokens"]) == (2, 6)
+    assert sweep["fits"][key]["per_node"] == pytest.approx(fit["per_node"], abs=1e-4)
+    assert sweep["fits"][key]["base"]["serial"] == pytest.approx(fit["base"]["serial"], abs=1e-4)
+    assert list(sweep["measured"]) == rep.rows["config"].tolist()
+    for r in rep.rows.itertuples():
+        got = sweep["measured"][r.config]
+        assert got["tokens_per_s"] == pytest.approx(r.measured_tokens_per_s, abs=0.051)
+        assert got["iteration_ms"] == pytest.approx(r.measured_iteration_ms, abs=0.0051)
+    with pytest.raises(UserError, match="not a validation report"):
+        (tmp_path / "other.log").write_text("hello\n")
+        read_sweep(tmp_path / "other.log")
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ run logs (benchmarks/results/*runlog*).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,7 +41,15 @@ def read_report(path: str | Path) -> pd.DataFrame:
     if missing:
         raise UserError(f"validation report {p} lacks columns {', '.join(missing)} "
                         f"(needs {', '.join(REQUIRED)}; from `swiftspec validate -o DIR`)")
-    return _normalise(df, p.name)
+    source = f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+    sibling = p.with_name("report.json")
+    if sibling.is_file():  # `validate --repredict` says so in its meta; the figure says it too
+        try:
+            if "repredicted" in json.loads(sibling.read_text()).get("meta", {}):
+                source += " (re-predicted)"
+        except (ValueError, AttributeError):
+            pass
+    return _normalise(df, source)
 
 
 def read_runlog(path: str | Path) -> pd.DataFrame:
