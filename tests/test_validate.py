@@ -49,10 +49,15 @@ def _profile(names: list[str], folder) -> str:
     return str(folder)
 
 
-def test_validate_report_schema(make_checkpoint, tmp_path):
+def _pair(make_checkpoint, tmp_path):
+    """A tiny target (2 layers), a draft (1 layer) and a hand-made profile of both."""
     target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
     draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
-    prof = _profile([target.name, draft.name], tmp_path / "prof")
+    return target, draft, _profile([target.name, draft.name], tmp_path / "prof")
+
+
+def test_validate_report_schema(make_checkpoint, tmp_path):
+    target, draft, prof = _pair(make_checkpoint, tmp_path)
     rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
                    configs=4, prompts=2, max_new_tokens=10, calibrate=False)
     rows = rep.rows
@@ -150,9 +155,7 @@ def test_calibration_subtracts_the_profiled_tree_growth(make_checkpoint):
 
 
 def test_validate_calibrates_host_per_pair(make_checkpoint, tmp_path):
-    target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
-    draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
-    prof = _profile([target.name, draft.name], tmp_path / "prof")
+    target, draft, prof = _pair(make_checkpoint, tmp_path)
     rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
                    configs=2, prompts=1, max_new_tokens=6, calibrate=True)
     key = f"{target.name}+{draft.name}"
@@ -164,9 +167,7 @@ def test_validate_calibrates_host_per_pair(make_checkpoint, tmp_path):
 
 
 def test_repredict_with_the_same_profile_reproduces_the_predictions(make_checkpoint, tmp_path):
-    target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
-    draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
-    prof = _profile([target.name, draft.name], tmp_path / "prof")
+    target, draft, prof = _pair(make_checkpoint, tmp_path)
     rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
                    configs=3, prompts=1, max_new_tokens=6, calibrate=True)
     rep.write(tmp_path / "run")
@@ -184,9 +185,7 @@ def test_repredict_with_the_same_profile_reproduces_the_predictions(make_checkpo
 
 
 def test_read_sweep_parses_the_printed_log(make_checkpoint, tmp_path):
-    target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
-    draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
-    prof = _profile([target.name, draft.name], tmp_path / "prof")
+    target, draft, prof = _pair(make_checkpoint, tmp_path)
     rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
                    configs=3, prompts=2, max_new_tokens=6, calibrate=True)
     key, fit = next(iter(rep.meta["host_calibration"].items()))
