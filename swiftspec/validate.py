@@ -395,11 +395,7 @@ def validate(
             host_fit[key] = fit
             host_rows += [{"pair": key, **r} for r in rows.to_dict(orient="records")]
             say(f"host fit {key}: {_fit_line(fit)}")
-            lat = LatencyModel(with_host_rows(prof, rows))
-            # autoregressive configs have no draft: they take the first pair with their target
-            for c in cfgs:
-                if c.target == t_name and (c.draft == d_name or (c.draft is None and lats[c] is base_lat)):
-                    lats[c] = lat
+            _use_for_pair(lats, base_lat, t_name, d_name, LatencyModel(with_host_rows(prof, rows)))
 
     # prompts and rank paths: the same for every configuration
     vocab = min(ModelSpec.from_config(t).vocab for pair in pairs for t in pair)
@@ -429,6 +425,14 @@ def validate(
     if host_rows:
         meta["host_rows"] = host_rows
     return ValidationReport(table, summarize(table), meta)
+
+
+def _use_for_pair(lats: dict, base_lat, t_name: str, d_name: str, lat) -> None:
+    """Give `lat` (a pair's host-calibrated latency model) to that pair's configurations;
+    autoregressive ones have no draft: they take the first pair with their target."""
+    for c in lats:
+        if c.target == t_name and (c.draft == d_name or (c.draft is None and lats[c] is base_lat)):
+            lats[c] = lat
 
 
 def _predict_all(cfgs: list[Config], lats: dict, acc_model, prompt_lens: list[int], max_new: int,
@@ -493,7 +497,10 @@ def read_sweep(source: str | Path) -> dict:
         raise UserError(f"{source}: no such file (give a validation report.json, its folder, or a validation log)")
     text = path.read_text()
     if path.suffix == ".json":
-        doc = json.loads(text)
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise UserError(f"{source} is not valid JSON: {e}") from None
         meta, fits = doc.get("meta", {}), dict(doc.get("meta", {}).get("host_calibration") or {})
         measured = {r["config"]: {"tokens_per_s": r["measured_tokens_per_s"], "accepted": r["measured_accepted"],
                                   "iteration_ms": r["measured_iteration_ms"], "forward_ms": r["measured_forward_ms"],
@@ -560,10 +567,10 @@ def repredict(source: str | Path, profile: str | None = None, acceptance: str | 
     lats: dict[Config, LatencyModel] = {c: base_lat for c in cfgs}
     for t_name, d_name in pairs:
         key = f"{Path(t_name).name}+{Path(d_name).name}"
-        lat = LatencyModel(with_host_rows(prof, host_rows_from_fit(sweep["fits"][key])))
-        for c in cfgs:
-            if c.target == t_name and (c.draft == d_name or (c.draft is None and lats[c] is base_lat)):
-                lats[c] = lat
+        if key not in sweep["fits"]:
+            raise UserError(f"{source}: no host calibration for pair {key}")
+        _use_for_pair(lats, base_lat, t_name, d_name,
+                      LatencyModel(with_host_rows(prof, host_rows_from_fit(sweep["fits"][key]))))
     vocab = min(ModelSpec.from_config(t).vocab for pair in pairs for t in pair)
     ids, how = load_prompts("builtin", pairs[0][0], vocab, sweep["prompts"])
     paths = rank_paths(acc, len(ids), sweep["max_new_tokens"] + 64, sweep["seed"])
