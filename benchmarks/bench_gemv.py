@@ -7,7 +7,10 @@ vs the weight-bytes floor (issues 3 and 4: the GEMMs alone are 1.16x the floor a
 Each call is captured in a CUDA graph that rotates over enough weight copies to touch > 2x the
 60 MB L2 per replay (each call streams cold weights, as in the step); µs per call = median replay
 time / calls. Floor = weight bytes / device-to-device copy bandwidth measured in the same run.
-Variants: cuBLAS (`F.linear`) and `gemv` at BLOCK_N 8/16/32 (BLOCK_K by the 8192-products rule).
+Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: the 2026-12-02
+run measured it 1.5-26x the floor at 2-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
+`fma_bn{N}_w{warps}`; kind "dot" (`tl.dot`, rows padded to 16) at BLOCK_N 64/128 x BLOCK_K
+64/128/256 x num_stages 3/5, named `dot_bn{N}_bk{K}_s{stages}`. `--quick`: one config of each.
 Every variant is checked against float32 `F.linear` (relative error column).
 Writes <out>/bench_gemv-<date>.{json,csv} with run_metadata(); prints a compact table.
 """
@@ -45,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    shapes = {k: (max(16, n // 256), max(16, kk // 256)) for k, (n, kk) in SHAPES.items()} if args.quick else SHAPES
+    shapes = {k: (max(64, n // 256), max(64, kk // 256)) for k, (n, kk) in SHAPES.items()} if args.quick else SHAPES
     bw = copy_bandwidth(dev)
     rows = []
     for m in [int(r) for r in args.rows.split(",")]:
@@ -56,17 +59,28 @@ def main() -> None:
             x = torch.empty((m, k), dtype=dtype, device=dev).normal_()
             ref = F.linear(x.float(), ws[0].float())
             variants = {"cublas": lambda w, x=x: F.linear(x, w)}
-            for bn in (8, 16, 32):
-                variants[f"triton_bn{bn}"] = lambda w, bn=bn, x=x: gemv(x, w, block_n=bn)
+            for bn, nw in [(8, 4)] if args.quick else [(b, n) for b in (2, 4, 8) for n in (1, 2, 4)]:
+                if m == 1:
+                    variants[f"fma_bn{bn}_w{nw}"] = lambda w, bn=bn, nw=nw, x=x: gemv(x, w, block_n=bn, num_warps=nw, kind="fma")
+            for bn, bk, ns in [(64, 128, 3)] if args.quick else [
+                    (b, k, s) for b in (64, 128) for k in (64, 128, 256) for s in (3, 5)]:
+                variants[f"dot_bn{bn}_bk{bk}_s{ns}"] = (
+                    lambda w, bn=bn, bk=bk, ns=ns, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns, kind="dot"))
             for impl, fn in variants.items():
-                err = float((fn(ws[0]).float() - ref).abs().max() / ref.abs().max())
-                us = time_calls([lambda w=w, fn=fn: fn(w) for w in ws], dev)
+                try:  # a config may not fit (shared memory): record it and go on
+                    err = float((fn(ws[0]).float() - ref).abs().max() / ref.abs().max())
+                    us = time_calls([lambda w=w, fn=fn: fn(w) for w in ws], dev)
+                except Exception as e:  # noqa: BLE001
+                    rows.append({"rows": m, "layer": name, "n": n, "k": k, "impl": impl, "error": str(e)[:120]})
+                    continue
                 floor = wbytes / bw * 1e6 if bw == bw else float("nan")
                 rows.append({"rows": m, "layer": name, "n": n, "k": k, "impl": impl, "us": us, "floor_us": floor,
                              "x_floor": us / floor if floor == floor else float("nan"), "rel_err": err})
             del ws
-            print(f"m={m} {name}: " + ", ".join(f"{r['impl']} {r['us']:.1f}" for r in rows[-len(variants):]),
-                  flush=True)
+            done = [r for r in rows[-len(variants):] if "us" in r]
+            best = min(done[1:], key=lambda r: r["us"])
+            print(f"m={m} {name}: floor {done[0]['floor_us']:.1f} cublas {done[0]['us']:.1f} "
+                  f"best {best['impl']} {best['us']:.1f} us", flush=True)
     df = pd.DataFrame(rows)
     meta = {**run_metadata(dev), "copy_bandwidth_Bps": bw, "dtype": str(dtype).replace("torch.", ""),
             "weights": "random"}
@@ -75,7 +89,15 @@ def main() -> None:
     stem = out / f"bench_gemv-{dt.date.today().isoformat()}"
     atomic_write_text(stem.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n")
     atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
-    print(df.pivot_table(index=["rows", "layer"], columns="impl", values="us").round(1).to_string())
+    df = df[df["us"].notna()] if "error" in df else df
+    tri = df[df["impl"] != "cublas"]
+    best = tri.loc[tri.groupby(["rows", "layer"])["us"].idxmin()].set_index(["rows", "layer"])
+    cub = df[df["impl"] == "cublas"].set_index(["rows", "layer"])
+    print(pd.DataFrame({"floor_us": cub["floor_us"], "cublas_us": cub["us"], "best_triton": best["impl"],
+                        "triton_us": best["us"], "cublas_x_floor": cub["x_floor"],
+                        "triton_x_floor": best["x_floor"]}).round(2).to_string())
+    per_cfg = tri.groupby("impl")["x_floor"].median().sort_values()
+    print("median x floor per config over all shapes:\n" + per_cfg.round(3).to_string())
     print(f"wrote {stem}.json and .csv")
 
 

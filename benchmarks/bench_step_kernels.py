@@ -14,7 +14,9 @@ measured in the same run (the definition of benchmarks/bench_step.py). Also per 
 (kernels + memsets) of one eager forward of 1 token, counted with torch.profiler, and the logits'
 agreement with "off" (max relative error, argmax agreement) on the same inputs.
 `pred_ms` is the prediction written in benchmarks/KERNELS.md before the run. "gemm_only" rows: the
-step's GEMMs alone in one graph (the part no small-op fusion can remove).
+step's GEMMs alone in one graph (the part no small-op fusion can remove), with `F.linear` (cuBLAS)
+and, for <= 16 tokens, the Triton skinny linear (`impl` column). Fusion "triton+gemv" is fusion
+"triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens).
 
 Kernels ("kind" = kernel): each fused kernel against the eager ops it replaces and their
 torch.compile version, at the same model's shapes, 1 and 64 tokens: µs per call inside a CUDA
@@ -27,6 +29,7 @@ Writes benchmarks/results/bench_step_kernels-<date>.{json,csv} with run_metadata
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -42,6 +45,7 @@ from bench_kernels import time_calls  # noqa: E402  (sibling script: CUDA-graph 
 from bench_step import _free, _q, bytes_read, copy_bandwidth, time_ms  # noqa: E402  (the floor as bench_step defines it)
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
+from swiftspec.kernels.gemv import MAX_ROWS, gemv  # noqa: E402
 from swiftspec.kernels.rmsnorm import add_rmsnorm  # noqa: E402
 from swiftspec.kernels.rope_kv import rope_kv  # noqa: E402
 from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel  # noqa: E402
@@ -53,7 +57,7 @@ from swiftspec.runtime.weights import load_model  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # Predictions for fusion "triton" (ms per GraphRunner.run step), written down before any GPU run:
-# benchmarks/KERNELS.md, "Fused small ops (pending measurement)". Key: (model, tokens, kv_len).
+# benchmarks/KERNELS.md, "Fused small ops" (prediction written before its GPU run). Key: (model, tokens, kv_len).
 PRED_MS = {
     ("Llama-3-8B", 1, 1024): 4.91, ("Llama-3-8B", 1, 4096): 5.22,
     ("Llama-3-8B", 64, 1024): 5.65, ("Llama-3-8B", 64, 4096): 6.50,
@@ -110,7 +114,9 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             base = dict(kind="step", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
                         attention=args.attention)  # fmt: skip
             try:
-                model.set_fusion(fusion)
+                fu, _, gemv = fusion.partition("+")
+                model.set_fusion(fu)
+                model.set_linear("triton" if gemv == "gemv" else "torch")
                 runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
                 base["device_ops_1tok"] = device_ops(model, cache, device) if kv == args.kv[0] else float("nan")
                 new = step_rows(args, runner, spec, kv, base, bw, logits)
@@ -126,6 +132,7 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             _free(device)
         cache = None
         _free(device)
+    model.set_linear("torch")
     rows += gemm_rows(args, model, device, bw)
     if not args.no_kernels:
         rows += bench_kernels(args, model, device, dtype, bw)
@@ -141,16 +148,19 @@ def gemm_rows(args, model, device: torch.device, bw: float) -> list[dict]:
         a = torch.randn(t, model.shard.q_heads * model.spec.head_dim, device=device).to(model.dtype)
         m = torch.randn(t, model.shard.ffn, device=device).to(model.dtype)
 
-        def gemms(x=x, a=a, m=m):
-            for layer in model.layers:
-                F.linear(x, layer.wqkv, layer.bqkv), F.linear(a, layer.wo)
-                F.linear(x, layer.w13), F.linear(m, layer.w2)
-            F.linear(x, model.lm_head)
+        for impl in ("cublas", "gemv") if t <= MAX_ROWS else ("cublas",):
+            lin = F.linear if impl == "cublas" else functools.partial(gemv, kind="dot")  # as the model calls it
 
-        ms = time_calls([gemms], device.type) / 1e3
-        floor = bytes_read(model.spec, t, 0) / bw * 1e3
-        rows.append(dict(kind="gemm_only", model=model.spec.name, layers=model.spec.num_layers, tokens=t,
-                         median_ms=ms, floor_ms=floor, bytes=bytes_read(model.spec, t, 0)))  # fmt: skip
+            def gemms(x=x, a=a, m=m, lin=lin):
+                for layer in model.layers:
+                    lin(x, layer.wqkv, layer.bqkv), lin(a, layer.wo)
+                    lin(x, layer.w13), lin(m, layer.w2)
+                lin(x, model.lm_head)
+
+            ms = time_calls([gemms], device.type) / 1e3
+            floor = bytes_read(model.spec, t, 0) / bw * 1e3
+            rows.append(dict(kind="gemm_only", model=model.spec.name, layers=model.spec.num_layers, tokens=t,
+                             impl=impl, median_ms=ms, floor_ms=floor, bytes=bytes_read(model.spec, t, 0)))  # fmt: skip
     return rows
 
 
@@ -237,9 +247,10 @@ def bench_kernels(args, model, device: torch.device, dtype: torch.dtype, bw: flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="Llama-3-8B,Llama-3.2-1B", help="bundled names or checkpoint folders")
-    ap.add_argument("--tokens", default="1,64")
+    ap.add_argument("--tokens", default="1,8,64")
     ap.add_argument("--kv", default="1024,4096")
-    ap.add_argument("--fusions", default=None, help="default: off,compile,triton on cuda; off,triton on cpu")
+    ap.add_argument("--fusions", default="off,triton,triton+gemv",
+                    help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on)")
     ap.add_argument("--attention", default="triton", help="torch | triton")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
@@ -252,7 +263,7 @@ def main() -> None:
     device = torch.device(args.device)
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.kv = [int(x) for x in args.kv.split(",")]
-    args.fusions = (args.fusions or ("off,compile,triton" if device.type == "cuda" else "off,triton")).split(",")
+    args.fusions = args.fusions.split(",")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
 
@@ -291,7 +302,7 @@ def main() -> None:
     if len(gemm):
         with pd.option_context(*[x for kv in fmt.items() for x in kv]):
             print("\nGEMMs alone (all layers + LM head, one graph; floor = weight bytes)\n"
-                  f"{gemm.set_index(['model', 'tokens'])[['median_ms', 'floor_ms']].assign(x_floor=lambda d: d['median_ms'] / d['floor_ms'])}")  # fmt: skip
+                  f"{gemm.set_index(['model', 'tokens', 'impl'])[['median_ms', 'floor_ms']].assign(x_floor=lambda d: d['median_ms'] / d['floor_ms'])}")  # fmt: skip
     kern = df[df["kind"] == "kernel"]
     if "us" in kern and len(kern):
         ktab = kern.pivot_table(index=["model", "kernel", "tokens"], columns="impl", values="us", aggfunc="first")

@@ -65,7 +65,9 @@ HOST_CAL = {
     Mode.autoregressive: (TreePolicy.autoregressive(),),
     Mode.chain: (TreePolicy.chain(1), TreePolicy.chain(3), TreePolicy.chain(6)),
     Mode.serial: (TreePolicy(bs=4, w=1, d=3), TreePolicy(bs=8, w=8, d=2), TreePolicy(bs=16, w=4, d=5),
-                  TreePolicy(bs=32, w=8, d=4)),
+                  TreePolicy(bs=32, w=8, d=4),
+                  # a static (Sequoia-style) tree: one draft forward per level, refilled from the root
+                  TreePolicy(bs=10, w=1, d=0, kind="static", topology=(-1, 0, 0, 0, 1, 1, 2, 4, 4, 7))),
 }
 HOST_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

@@ -1,5 +1,6 @@
-"""The model with `set_fusion("triton")` (add+RMSNorm, RoPE+KV write, silu*up kernels) against the
-eager model ("off"): logits and KV cache to 1e-5 in float32, and lossless speculative decoding.
+"""The model with `set_fusion("triton")` (add+RMSNorm, RoPE+KV write, silu*up kernels) and
+`set_linear("triton")` (the skinny-linear kernel for forwards of <= 16 tokens) against the eager
+model ("off", F.linear): logits and KV cache to 1e-5 in float32, and lossless speculative decoding.
 
 CPU under TRITON_INTERPRET=1 on the tiny checkpoints of conftest.py; the GPU test (marked gpu)
 replays CUDA graphs with fusion on against the eager unfused model.
@@ -71,16 +72,27 @@ def steps(model, gen_seed: int) -> tuple[list[torch.Tensor], KVCache]:
 
 
 @cpu_interpreted
-@pytest.mark.parametrize("name,attention", [("llama-tied-llama3", "torch"), ("llama-tied-llama3", "triton"),
-                                            ("llama-linear-3layers", "ref"), ("qwen2-bias", "torch")])  # fmt: skip
-def test_triton_fusion_matches_off(make_checkpoint, name, attention):
+@pytest.mark.parametrize("name,attention,fusion,linear", [
+    ("llama-tied-llama3", "torch", "triton", "torch"), ("llama-tied-llama3", "triton", "triton", "torch"),
+    ("llama-linear-3layers", "ref", "triton", "torch"), ("qwen2-bias", "torch", "triton", "torch"),
+    ("llama-tied-llama3", "triton", "triton", "triton"), ("qwen2-bias", "torch", "off", "triton"),
+])  # fmt: skip
+def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, linear):
+    """Prefill (20 tokens: F.linear even with linear "triton"), a 9-node verify and a 3-leaf draft
+    step (the skinny linear with linear "triton")."""
     arch, kw = CONFIGS[name]
     path = make_checkpoint(arch, **kw)
     results = []
-    for fusion in ("off", "triton"):
-        model = load_model(path, attention=attention)
-        model.set_fusion(fusion)
+    calls = []
+    for fu, li in (("off", "torch"), (fusion, linear)):
+        model = load_model(path, attention=attention, linear=li)
+        model.set_fusion(fu)
+        if model._gemv is not None:  # count the skinny-linear calls (a spy; the kernel itself runs)
+            kernel = model._gemv
+            model._gemv = lambda *a, kernel=kernel, **kw: calls.append(a[0].shape[0]) or kernel(*a, **kw)
         results.append(steps(model, 11))
+    layers = model.spec.num_layers
+    assert calls == ([] if linear == "torch" else [9] * (4 * layers + 1) + [3] * (4 * layers + 1))
     (ref, ref_cache), (got, got_cache) = results
     for g, r in zip(got, ref):
         assert g.shape == r.shape and rel_err(g, r) <= 1e-5
@@ -103,6 +115,8 @@ def test_lossless_generate_with_triton_fusion(make_checkpoint, arch):
             p.add_(0.02 * torch.randn(p.shape, generator=g))
     target.set_fusion("triton")
     draft.set_fusion("triton")
+    target.set_linear("triton")
+    draft.set_linear("triton")
     n, policy, prompt = 12, TreePolicy(bs=6, w=2, d=3), PROMPTS[arch]
     auto = TreePolicy.autoregressive()
     t = ModelRunner(target_off, cache_slots(len(prompt), n, auto, draft=False))
@@ -126,17 +140,20 @@ def test_set_fusion_modes(make_checkpoint):
     assert model.fusion == "off"
     with pytest.raises(UserError, match="fusion must be one of off, compile, triton"):
         model.set_fusion("cuda")
+    assert model.linear == "torch"  # load_model's default on CPU
+    with pytest.raises(UserError, match="linear must be one of torch, triton"):
+        model.set_linear("cublas")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("attention", ["torch", "triton"])
-def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention):
+@pytest.mark.parametrize("attention,linear", [("torch", "torch"), ("triton", "torch"), ("triton", "triton")])
+def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention, linear):
     from swiftspec.runtime.graphs import GraphRunner
 
     path = make_checkpoint("llama")
-    ref_model = load_model(path, device="cuda", attention=attention)
-    model = load_model(path, device="cuda", attention=attention)
+    ref_model = load_model(path, device="cuda", attention=attention, fusion="off", linear="torch")
+    model = load_model(path, device="cuda", attention=attention, linear=linear)
     model.set_fusion("triton")
     gen = torch.Generator().manual_seed(5)
     mask, depth = tree(11, gen)

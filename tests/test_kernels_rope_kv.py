@@ -2,10 +2,13 @@
 
 CPU under TRITON_INTERPRET=1 (small shapes) and GPU when present (Llama-3-8B heads, CUDA-graph
 replay with new slots and positions; marked gpu). The cache is random (not zeros) and laid out as
-the model's (2, layers, Hkv, S, D) buffer: after the call the *whole* buffer must equal the
-reference's (exactly, or to a few ulps where roundings legitimately differ), so a wrong slot, a
-wrong layer or a stray write fails. The q output is a NaN-filled strided buffer. bfloat16
-tolerances are a few ulps on CPU (the interpreter truncates float32 -> bfloat16).
+the model's (2, layers, Hkv, S, D) buffer: after the call everything but the rotated K rows must
+equal the reference bit for bit (V copies, other layers and slots), so a wrong slot, a wrong layer
+or a stray write fails; the rotated K rows are exact where both sides round identically and
+on the GPU for 16-bit dtypes within the error of rounding each product and the sum, around the
+float64 rotation (compiled, the kernel's roundings differ from eager torch's in ~20 % of the K
+elements: benchmarks/KERNELS.md). The q output is a NaN-filled strided buffer. bfloat16 tolerances
+are a few ulps on CPU (the interpreter truncates float32 -> bfloat16).
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ if not HAS_CUDA and not INTERPRET:
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 TOL = {torch.float32: (1e-6, 1e-6), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2.4e-2, 2e-2)}
-# Bit-exact cache writes where both sides round identically: 16-bit products are exact in float32;
+# Bit-exact K rows where both sides round identically (the CPU interpreter, float32 and float16);
 # float32 on a GPU may contract x*cos - y*sin into an FMA, the interpreter truncates bf16 casts.
-EXACT = {torch.float32: not HAS_CUDA, torch.float16: True, torch.bfloat16: HAS_CUDA}
+EXACT = {torch.float32: not HAS_CUDA, torch.float16: not HAS_CUDA, torch.bfloat16: False}
 
 
 def cos_sin(positions: torch.Tensor, d: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +53,46 @@ def close(got, want, dtype):
     torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
 
 
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in units in the last place between same-shaped float tensors."""
+    bits = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    sign = 1 << (8 * a.element_size() - 1)
+
+    def ordered(x):
+        i = x.contiguous().view(bits).long()
+        return torch.where(i < 0, -(i & (sign - 1)), i)
+
+    return int((ordered(a) - ordered(b)).abs().max()) if a.numel() else 0
+
+
+def exact_k(qkv, cos, sin, hq, hkv) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, Hkv, D) rotated keys in float64 from the same (rounded) inputs, and the elementwise
+    bound of rounding each product and the sum to the dtype: 2u (|k cos| + |rot sin|)."""
+    t, d = qkv.shape[0], cos.shape[1]
+    k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d).double()
+    rot = torch.cat((-k[..., d // 2 :], k[..., : d // 2]), dim=-1)
+    a, b = k * cos.double()[:, None], rot * sin.double()[:, None]
+    return a + b, torch.finfo(qkv.dtype).eps * (a.abs() + b.abs())
+
+
+def check_cache(kv, kv_ref, layer, slot_sets, dtype, k_exact=None):
+    """The (2, layers, Hkv, S, D) cache after rope_kv calls that wrote `slot_sets` of `layer`;
+    k_exact: `exact_k` of the last call (its slots are slot_sets[-1])."""
+    close(kv, kv_ref, dtype)
+    k_rows = torch.zeros(kv.shape, dtype=torch.bool, device=kv.device)
+    for slots in slot_sets:
+        k_rows[0, layer][:, slots.long()] = True
+    assert torch.equal(kv[~k_rows], kv_ref[~k_rows])  # V copies, other layers and slots: bit for bit
+    if EXACT[dtype]:
+        assert torch.equal(kv[k_rows], kv_ref[k_rows])
+    elif HAS_CUDA and dtype != torch.float32:
+        # compiled, the kernel's roundings differ from eager torch's (it is not bit-exact there):
+        # hold it to the error of rounding each product and the sum, around the exact rotation
+        got = kv[0, layer][:, slot_sets[-1].long()].transpose(0, 1).double()
+        exact, bound = k_exact
+        assert bool(((got - exact).abs() <= bound).all())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     "t,hq,hkv,d",
@@ -68,9 +111,7 @@ def test_rope_kv_matches_eager(dtype, t, hq, hkv, d):
     q_ref = rope_kv_ref(qkv, cos, sin, slots.long(), kv_ref[0, layer], kv_ref[1, layer], hq, hkv)
     assert q.data_ptr() == out.data_ptr() and torch.isnan(big[:, hq:]).all()
     close(q, q_ref, dtype)
-    close(kv, kv_ref, dtype)  # the whole buffer: other layers and slots untouched
-    if EXACT[dtype]:
-        assert torch.equal(kv, kv_ref)
+    check_cache(kv, kv_ref, layer, [slots], dtype, exact_k(qkv, cos, sin, hq, hkv))
 
 
 def test_rope_kv_rotation_properties():
@@ -119,6 +160,7 @@ def test_gpu_8b_heads_in_cuda_graph():
     kv_ref = kv.clone()
     rope_kv(qkv, cos, sin, slots, kv[0, 1], kv[1, 1], hq, hkv)  # compile outside capture
     rope_kv_ref(qkv, cos, sin, slots, kv_ref[0, 1], kv_ref[1, 1], hq, hkv)
+    first_slots = slots.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         q = rope_kv(qkv, cos, sin, slots, kv[0, 1], kv[1, 1], hq, hkv)
@@ -128,4 +170,4 @@ def test_gpu_8b_heads_in_cuda_graph():
     graph.replay()
     q_ref = rope_kv_ref(qkv, cos, sin, slots, kv_ref[0, 1], kv_ref[1, 1], hq, hkv)
     close(q, q_ref, dtype)
-    assert torch.equal(kv, kv_ref)
+    check_cache(kv, kv_ref, 1, [first_slots, slots], dtype, exact_k(qkv, cos, sin, hq, hkv))

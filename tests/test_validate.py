@@ -18,6 +18,7 @@ from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
 from swiftspec.sim.latency import LatencyModel
 from swiftspec.spec import Mode, ModelSpec, Profile, UserError
 from swiftspec.validate import (
+    HOST_CAL,
     REPORT_COLUMNS,
     _fit_line,
     calibrate_host,
@@ -86,7 +87,7 @@ def test_validate_report_schema(make_checkpoint, tmp_path):
 def test_calibrate_host_rows_feed_the_latency_model(make_checkpoint, tmp_path):
     acc, _ = default_acceptance()
     rows, fit = calibrate_host("cpu", acc, prompts=1, new_tokens=8, modes=(Mode.autoregressive, Mode.serial))
-    assert fit["samples"] == 1 + 4  # one decode per calibration policy
+    assert fit["samples"] == len(HOST_CAL[Mode.autoregressive]) + len(HOST_CAL[Mode.serial]) == 1 + 5  # a decode each
     assert min(fit["per_forward"], fit["per_token"], fit["per_node"], *fit["base"].values()) >= 0
     assert sum(fit["base"].values()) + fit["per_forward"] + fit["per_token"] > 0
     target = make_checkpoint("llama", num_hidden_layers=2, seed=3)

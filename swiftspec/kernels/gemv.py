@@ -1,28 +1,35 @@
 """Skinny linear layer y = x @ w.T (+ b) for a few token rows (M <= 16), in one Triton launch.
 
-Why: on the H200 the decode step's GEMMs alone (cuBLAS, one CUDA graph) take 1.16x the weight-bytes
-floor at 1 token and 1.25x at 64 (`benchmarks/results/bench_step_kernels-2026-12-02.*`), so the
-issue-3 goal of 1.15x for the whole step cannot be met with them. A batch-1 linear is a pure
-weight stream: every weight is read once, the x rows are tiny and stay in L1/L2.
+Why: on the H200 the decode step's GEMMs alone (cuBLAS, one CUDA graph) take 1.14-1.16x the
+weight-bytes floor at 1 token (`benchmarks/results/bench_step_kernels-2026-12-02*`). A batch-1
+linear is a pure weight stream: every weight is read once, the x rows are tiny and stay in L1/L2.
 
-Design: one program per BLOCK_N output columns (w rows), all M token rows at once, a loop over K
-in BLOCK_K chunks: load a (BLOCK_N, BLOCK_K) weight tile and the (BLOCK_M, BLOCK_K) x tile,
-accumulate (BLOCK_M, BLOCK_N) in float32 by a broadcast multiply and a sum over K (no tensor
-cores: at M <= 16 the kernel is bandwidth-bound and the tiles stay small). BLOCK_M x BLOCK_N x
-BLOCK_K is kept at 8192 products per program step so registers do not spill. Many programs (N /
-BLOCK_N: 256 for N = 4096 at BLOCK_N 16) keep enough loads in flight without split-K.
+Two kinds, both one program per BLOCK_N weight rows (output columns) with all M token rows and a
+loop over K:
 
-Status: written and tested against `F.linear` under the CPU interpreter; not yet measured on a GPU
-and not wired into the model (`benchmarks/bench_gemv.py` measures it against cuBLAS and the floor).
+* "dot" (the default): y.T = w @ x.T with `tl.dot` -- the weight rows on the MMA's M side, the
+  token rows padded to 16 on its N side -- so the loop is a software-pipelined weight stream and
+  tensor cores do the arithmetic. Measured at or below cuBLAS on every Llama-3-8B linear at 1-16
+  rows (LM head at 1 row: 238.6 vs 284.4 us, 0.96x the copy floor; `bench_gemv-2026-12-02.*`).
+* "fma": float32 broadcast multiply + sum over (BLOCK_M, BLOCK_N, BLOCK_K) tiles of 8192 products,
+  no tensor cores. Competitive at 1 row only; its K step shrinks as M grows (4-30x cuBLAS's time at
+  4-16 rows, `bench_gemv-2026-12-02a.*`). Kept as the simplest correct reference design.
+
+The model uses it through `Transformer.set_linear("triton")` (forwards of <= MAX_ROWS tokens);
+`load_model` keeps `F.linear` by default until the skinny linear is never slower in the step
+(benchmarks/KERNELS.md, "Skinny linear").
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+SHARED_BYTES = 220 * 1024  # pipeline buffers' budget: Hopper has 227 KB of shared memory per block
 MAX_ROWS = 16  # more token rows: use F.linear (cuBLAS is efficient once M fills an MMA tile)
 
 
@@ -47,6 +54,41 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
              mask=ok_m[:, None] & ok_n[None, :])
 
 
+@triton.jit
+def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
+                       IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
+    # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    ok_n, ok_m = cols < N, rows < M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok_k = ks < K
+        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & ok_k[None, :],
+                    other=0.0)  # (BLOCK_N, BLOCK_K)
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
+                     other=0.0)  # (BLOCK_K, BLOCK_M)
+        if UPCAST:  # see `_interpreted_bf16`
+            w, xt = w.to(tl.float32), xt.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(w, xt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc)
+    if HAS_BIAS:
+        acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
+    tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
+             mask=ok_n[:, None] & ok_m[None, :])
+
+
+def _interpreted_bf16(dtype: torch.dtype) -> bool:
+    """Triton 3.9's CPU interpreter returns garbage from `tl.dot` on bfloat16 tiles (float16 and
+    float32 are right), so there the dot kernel upcasts them: bf16 x bf16 products are exact in
+    float32, the result is the same up to summation order."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) for m token rows: 8192 products per K step unless overridden."""
     bm = triton.next_power_of_2(max(1, m))
@@ -56,11 +98,17 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-         block_n: int | None = None, block_k: int | None = None, num_warps: int = 4) -> torch.Tensor:
+         block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
+         num_stages: int | None = None, kind: str = "dot") -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 16 (MAX_ROWS); x and weight need a contiguous last dim. One launch, grid ceil(N / BLOCK_N);
-    no host sync, so it can be captured in a CUDA graph.
+    no host sync, so it can be captured in a CUDA graph. num_stages: Triton's software pipelining
+    depth of the K loop (None: Triton's default).
+
+    kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; block_n default 64, block_k
+    256 for N <= 4096 else 128; float32 inputs use IEEE products, not TF32). kind "fma": broadcast
+    multiply + sum in float32 (no tensor cores; block_n 16 and 8192 products per K step).
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -75,10 +123,27 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
+    stages = {} if num_stages is None else {"num_stages": num_stages}
+    if kind == "dot":
+        # measured best on the H200 (bench_gemv-2026-12-02: 1-16 rows, Llama-3-8B shapes): 64 weight
+        # rows per program, 256-wide K steps for the N = 4096 outputs (o, down: fewer programs, so
+        # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
+        bn, bk = block_n or 64, block_k or (256 if n <= 4096 else 128)
+        stage_bytes = (bn + 16) * bk * x.element_size()  # one weight tile + one x tile
+        stages = stages or {"num_stages": max(1, min(5, SHARED_BYTES // stage_bytes))}
+        _skinny_dot_kernel[(triton.cdiv(n, bn),)](
+            x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
+            HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or _interpreted_bf16(x.dtype),
+            UPCAST=_interpreted_bf16(x.dtype), BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+            num_warps=num_warps, **stages,
+        )
+        return y
+    if kind != "fma":
+        raise ValueError(f"kind must be 'fma' or 'dot', got {kind!r}")
     bm, bn, bk = gemv_config(m, block_n, block_k)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps,
+        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps, **stages,
     )
     return y
 

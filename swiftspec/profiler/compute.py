@@ -530,9 +530,10 @@ def profile_compute(
         if not vals or any(v < 1 for v in vals):
             raise UserError(f"{name} needs positive integers, got {list(vals)}")
     timing = timing or TimingConfig.for_device(device)
-    from swiftspec.runtime.weights import resolve_kernels
+    from swiftspec.runtime.weights import resolve_kernels, resolve_linear
 
     attention, fusion = resolve_kernels(device, attention)
+    linear = resolve_linear(device)
     parsed = _parse_models(models)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -641,6 +642,7 @@ def profile_compute(
         dtype=dtype,
         attention=attention,
         fusion=fusion,
+        linear=linear,
         weights="random (real shapes)",
         grid=asdict(grid),
         timing=asdict(timing),

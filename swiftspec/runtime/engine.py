@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
+from swiftspec.runtime.generate import gc_paused
 from swiftspec.runtime.groups import Groups, Layout, Link, broadcast
 from swiftspec.runtime.runlog import SpanTimer
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC, SyntheticVerifier, resolve_bonus
@@ -217,6 +218,7 @@ def _expand(tree: DraftTree, fwd, runner, fwd_nodes: list[int], fwd_tokens: list
     return f > 0
 
 
+@gc_paused
 def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t0: float) -> tuple[list, list]:
     """Algorithm 1, draft side, one prompt. Returns (generated tokens, iteration rows) on the leader."""
     lay, g, policy = ctx.layout, ctx.groups, task.policy
@@ -285,6 +287,7 @@ def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t
 # async: the target side
 
 
+@gc_paused
 def _async_target(ctx: Ctx, task: Task, runner: ModelRunner, prompt_index: int, t0: float) -> list:
     """Algorithm 1, target side, one prompt. Returns iteration rows on the leader."""
     lay, g, policy, job = ctx.layout, ctx.groups, task.policy, ctx.job

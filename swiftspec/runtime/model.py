@@ -33,6 +33,7 @@ from swiftspec.spec import ModelSpec, Shard, UserError
 
 ATTENTION_IMPLS = ("torch", "ref", "triton")
 FUSION_MODES = ("off", "compile", "triton")
+LINEAR_IMPLS = ("torch", "triton")
 
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
@@ -162,6 +163,28 @@ class Transformer(nn.Module):
         self.scale = spec.head_dim**-0.5
         self.set_attention(attention)
         self.set_fusion("off")  # load_model picks the device default ("triton" on CUDA)
+        self.set_linear("torch")
+
+    def set_linear(self, impl: str) -> None:
+        """How the GEMMs run: "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny-linear
+        kernel `swiftspec.kernels.gemv` for forwards of at most `gemv.MAX_ROWS` tokens (a pure weight
+        stream), `F.linear` above that. The choice is per forward shape, so a captured graph holds one."""
+        if impl not in LINEAR_IMPLS:
+            raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
+        self._gemv, self._gemv_rows = None, 0
+        if impl == "triton":
+            try:
+                from swiftspec.kernels.gemv import MAX_ROWS, gemv
+            except ImportError as e:
+                raise UserError(f"the triton linear is not available ({e}); use linear 'torch'") from None
+            self._gemv, self._gemv_rows = gemv, MAX_ROWS
+        self.linear = impl
+
+    def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`)."""
+        if self._gemv is not None and x.shape[0] <= self._gemv_rows:
+            return self._gemv(x.contiguous(), w, b, kind="dot")  # the faster kind at 1-16 rows (bench_gemv)
+        return F.linear(x, w, b)
 
     def set_fusion(self, mode: str | bool) -> None:
         """How the small per-layer ops run (a batch-1 step is launch-bound):
@@ -256,10 +279,10 @@ class Transformer(nn.Module):
         x = self.embed[tokens]
         if self._fused_ops is not None:
             x = self._layers_triton(x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed)
-            return self._gather_logits(F.linear(x, self.lm_head).float())
+            return self._gather_logits(self._lin(x, self.lm_head).float())
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm, spec.rms_eps)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv)
+            qkv = self._lin(h, layer.wqkv, layer.bqkv)
             q = self._rope(qkv[:, :nq].view(t, sh.q_heads, hd), cos, sin)
             k = self._rope(qkv[:, nq : nq + nkv].view(t, sh.kv_heads, hd), cos, sin)
             v = qkv[:, nq + nkv :].view(t, sh.kv_heads, hd)
@@ -267,11 +290,11 @@ class Transformer(nn.Module):
             kc[:, slots] = k.transpose(0, 1)
             vc[:, slots] = v.transpose(0, 1)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
-            x = x + self._all_reduce(F.linear(a.reshape(t, nq), layer.wo))
+            x = x + self._all_reduce(self._lin(a.reshape(t, nq), layer.wo))
             h = self._norm(x, layer.mlp_norm, spec.rms_eps)
-            x = x + self._all_reduce(F.linear(self._act(F.linear(h, layer.w13)), layer.w2))
+            x = x + self._all_reduce(self._lin(self._act(self._lin(h, layer.w13)), layer.w2))
         x = self._norm(x, self.norm, spec.rms_eps)
-        return self._gather_logits(F.linear(x, self.lm_head).float())
+        return self._gather_logits(self._lin(x, self.lm_head).float())
 
     def _attend(self, q, kc, vc, prefix_len, tree_mask, allowed, packed) -> torch.Tensor:
         """One layer's tree attention by the chosen impl: q (T, Hq, D) -> (T, Hq, D)."""
@@ -294,10 +317,10 @@ class Transformer(nn.Module):
         h, res = add_rmsnorm(x, None, norms[0], spec.rms_eps)
         for i, layer in enumerate(self.layers):
             kc, vc = cache.k[i], cache.v[i]
-            q = rope_kv(F.linear(h, layer.wqkv, layer.bqkv), cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads)
+            q = rope_kv(self._lin(h, layer.wqkv, layer.bqkv), cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
-            o = self._all_reduce(F.linear(a.reshape(t, nq), layer.wo))
+            o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo))
             h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps)
-            down = self._all_reduce(F.linear(act(F.linear(h, layer.w13)), layer.w2))
+            down = self._all_reduce(self._lin(act(self._lin(h, layer.w13)), layer.w2))
             h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps)
         return h

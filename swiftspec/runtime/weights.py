@@ -188,6 +188,12 @@ def resolve_kernels(device: str | torch.device, attention: str = "auto", fusion:
     return attention, fusion
 
 
+def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
+    """`linear` with "auto" replaced by the device's default: "torch" (`F.linear`) everywhere until
+    the Triton skinny linear is measured faster than cuBLAS (benchmarks/bench_gemv.py)."""
+    return "torch" if linear == "auto" else linear
+
+
 def load_model(
     path_or_name: str | Path,
     *,
@@ -200,6 +206,7 @@ def load_model(
     seed: int = 0,
     attention: str = "auto",
     fusion: str = "auto",
+    linear: str = "auto",
     num_layers: int | None = None,
 ) -> Transformer:
     """The model of one TP rank. `path_or_name`: checkpoint folder or bundled name (random only).
@@ -211,6 +218,8 @@ def load_model(
     fusion: "auto" = "triton" on CUDA (the fused add+RMSNorm, RoPE+KV write and silu*up kernels:
     Llama-3-8B 1-token step 7.17 -> 5.04 ms on the H200, benchmarks/results/bench_step_kernels-*),
     "off" on CPU; or "off", "compile", "triton" (see `Transformer.set_fusion`).
+
+    linear: "auto" (see `resolve_linear`), "torch" or "triton" (see `Transformer.set_linear`).
 
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
     The returned model carries `model.weights` = "checkpoint" | "random" for labelling outputs.
@@ -234,6 +243,7 @@ def load_model(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention
     )
     model.set_fusion(fusion)
+    model.set_linear(resolve_linear(device, linear))
     _fill(model, read, names)
     model.weights = weights
     return model.eval()
