@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_profile.sh            # on the GPU machine, from the repository root
 #
 # Writes $OUT/h200-profile/{compute.csv, comm.csv, meta.json} (+ compute.partial.csv if the time
-# budget ran out: carry it back and run again to resume), and $OUT/{compute.log, check.txt,
+# budget ran out: carry it back and run again with RESUME=that file), and $OUT/{compute.log, check.txt,
 # summary.txt}. Copy $OUT/h200-profile to swiftspec/data/profiles/h200-measured/.
 #
 # Grid and budget. Every (model, TP shard, tokens, kv_len) point is one CUDA-graph capture of the
@@ -32,8 +32,9 @@ DEVICE=${DEVICE:-cuda}
 BUDGET=${BUDGET:-420}
 P="$OUT/h200-profile"
 mkdir -p "$P"
-# resume: the rows an earlier, budget-cut run measured (it skips those keys and measures the rest)
-RESUME=${RESUME:-benchmarks/results/h200-profile-partial/compute.partial.csv}
+# resume: RESUME=path/to/compute.partial.csv of an earlier, budget-cut run (it skips those keys and
+# measures the rest). Only with the same kernels: rows timed with other defaults must not be mixed in.
+RESUME=${RESUME:-}
 if [ -f "$RESUME" ] && [ ! -f "$P/compute.partial.csv" ]; then
   cp "$RESUME" "$P/compute.partial.csv" && echo "resuming from $RESUME ($(($(wc -l < "$RESUME") - 1)) rows)"
 fi
