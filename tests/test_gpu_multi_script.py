@@ -1,0 +1,42 @@
+"""benchmarks/gpu_multi.sh (issues 8 and 9: one device call each) end to end on the CPU: tiny shapes,
+gloo ranks — profile compute + comm, plan --modes async, run async/serial/autoregressive, one archive.
+Guards the script against drift of the CLI it strings together (the multi-GPU machines are rarely
+lent, so their one call must not fail on a renamed flag)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("gpus", [2, 3])
+def test_gpu_multi_script_smoke_on_cpu(tmp_path, gpus):
+    env = {**os.environ, "DEVICE": "cpu", "SMOKE": "1", "GPUS": str(gpus), "OUT": str(tmp_path),
+           "PY": sys.executable, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(["bash", "benchmarks/gpu_multi.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    log = (tmp_path / "multi.log").read_text()
+    assert proc.returncode == 0, log[-3000:]
+    assert not (tmp_path / "multi").exists()  # packed into the archive, then removed
+    with tarfile.open(tmp_path / "multi.tgz") as tar:
+        names = set(tar.getnames())
+        for x in (1, 2):
+            assert f"multi/plan_{x}.json" in names and f"multi/run_{x}/iterations.jsonl" in names
+            summary = json.load(tar.extractfile(f"multi/run_{x}/summary.json"))
+            assert summary["meta"]["plan"]["mode"] == "async"
+            split = summary["meta"]["plan"]["split"]  # disjoint draft and target ranks covering all
+            assert sorted(split["draft_gpus"] + split["target_gpus"]) == list(range(gpus))
+            tasks = {t["mode"]: t for t in summary["tasks"]}
+            assert set(tasks) == {"async", "serial", "autoregressive"}, summary["tasks"]
+            assert all(t["tokens_per_s_mean"] > 0 and t["prompts"] == 2 for t in tasks.values())
+            assert tasks["async"]["predicted_tokens_per_s"] > 0  # measured against a prediction
+        assert "multi/profile/comm.csv" in names and "multi/profile/compute.csv" in names
+    assert "error:" not in log
