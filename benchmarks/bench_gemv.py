@@ -7,8 +7,8 @@ vs the weight-bytes floor (issues 3 and 4: the GEMMs alone are 1.16x the floor a
 Each call is captured in a CUDA graph that rotates over enough weight copies to touch > 2x the
 60 MB L2 per replay (each call streams cold weights, as in the step); µs per call = median replay
 time / calls. Floor = weight bytes / device-to-device copy bandwidth measured in the same run.
-Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: the 2026-12-02
-run measured it 1.5-26x the floor at 2-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
+Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: the first sweep,
+bench_gemv-2026-12-02a, measured it at 3.7-32x cuBLAS's time at 4-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
 `fma_bn{N}_w{warps}`; kind "dot" (`tl.dot`, rows padded to 16) at BLOCK_N 64/128 x BLOCK_K
 64/128/256 x num_stages 3/5, named `dot_bn{N}_bk{K}_s{stages}`. `--quick`: one config of each.
 Every variant is checked against float32 `F.linear` (relative error column).

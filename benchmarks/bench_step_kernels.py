@@ -114,9 +114,9 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             base = dict(kind="step", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
                         attention=args.attention)  # fmt: skip
             try:
-                fu, _, gemv = fusion.partition("+")
+                fu, _, lin = fusion.partition("+")
                 model.set_fusion(fu)
-                model.set_linear("triton" if gemv == "gemv" else "torch")
+                model.set_linear("triton" if lin == "gemv" else "torch")
                 runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
                 base["device_ops_1tok"] = device_ops(model, cache, device) if kv == args.kv[0] else float("nan")
                 new = step_rows(args, runner, spec, kv, base, bw, logits)

@@ -53,18 +53,6 @@ def close(got, want, dtype):
     torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
 
 
-def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest distance in units in the last place between same-shaped float tensors."""
-    bits = {4: torch.int32, 2: torch.int16}[a.element_size()]
-    sign = 1 << (8 * a.element_size() - 1)
-
-    def ordered(x):
-        i = x.contiguous().view(bits).long()
-        return torch.where(i < 0, -(i & (sign - 1)), i)
-
-    return int((ordered(a) - ordered(b)).abs().max()) if a.numel() else 0
-
-
 def exact_k(qkv, cos, sin, hq, hkv) -> tuple[torch.Tensor, torch.Tensor]:
     """(T, Hkv, D) rotated keys in float64 from the same (rounded) inputs, and the elementwise
     bound of rounding each product and the sum to the dtype: 2u (|k cos| + |rot sin|)."""
