@@ -93,31 +93,24 @@ def time_calls(calls: list[Callable[[], object]], device: str, replays: int = 15
 
 
 def copy_bandwidth(device: str, graph: bool = False) -> float:
-    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written): `b.copy_(a)` on 1 GiB
-    buffers, median of 20 eager calls between CUDA events (the definition bench_step.py uses).
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), as bench_step.py
+    defines it (eager `b.copy_(a)` between CUDA events, median).
 
-    graph=True times the same copy as CUDA-graph replays instead. In a graph the copy is a memcpy
-    node, which measured only 2.73 TB/s on the H200s where the eager copy measured 4.22-4.25 TB/s
-    (kernels_2026-12-02*.json vs bench_step*.json), so floors from it were 1.55x too generous.
+    graph=True times a 1 GiB copy as CUDA-graph replays instead. In a graph the copy is a memcpy
+    node, which measured only 2.73 TB/s on the H200s where the eager copy measured 4.19-4.25 TB/s
+    (kernels_2026-12-02{,b}.json vs bench_step*.json), so floors from it were 1.55x too generous.
     """
     if device != "cuda":
         return float("nan")
+    if not graph:
+        # sibling script: benchmarks/ is on sys.path when these scripts run
+        from bench_step import copy_bandwidth as eager_copy_bandwidth
+
+        return eager_copy_bandwidth(torch.device(device))
     n = 512 * 2**20  # 1 GiB of bf16 per buffer: far past the L2
     a = torch.empty(n, dtype=torch.bfloat16, device=device).normal_()
     b = torch.empty_like(a)
-    if graph:
-        us = time_calls([lambda: b.copy_(a)], device, replays=20)
-    else:
-        b.copy_(a)
-        times = []
-        for _ in range(20):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            b.copy_(a)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        us = statistics.median(times)
+    us = time_calls([lambda: b.copy_(a)], device, replays=20)
     return 2 * a.numel() * a.element_size() / (us * 1e-6)
 
 
