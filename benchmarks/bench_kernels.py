@@ -17,7 +17,8 @@ kv_move on a Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tok
 
 Timing: each measured call is captured in a CUDA graph, once per buffer set; the graph rotates
 over enough K/V (or cache-slot) sets to touch > 2× the 60 MB L2 per replay, so the L2 does not
-flatter; per-call time = median replay time / calls per replay. Every shape is also checked
+flatter; per-call time = median replay time / calls per replay ("triton_hot" rows: the default
+call repeated on one L2-resident set, to tell launch cost from DRAM latency). Every shape is also checked
 against the torch reference (relative error column). Writes benchmarks/results/kernels_<date>.json
 and .csv (with swiftspec.files.run_metadata()) and prints a compact table last.
 """
@@ -190,6 +191,12 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
         rows.append({**base, "impl": impl, "rule": rule, "combine": combine, "num_splits": ns, "us": us,
                      "floor_us": floor_us, "rel_err": err_of(rule=rule, combine=combine), "model_us": predicted(ns)})
 
+    # The same call on one L2-resident set, n_sets times: what is left without DRAM latency (and TLB
+    # misses) tells launch + kernel structure apart from the cold-memory chain (kv 1024: ~18 us cold).
+    us_hot = time_calls([ours_call(0)] * n_sets, device)
+    rows.append({**base, "impl": "triton_hot", "num_splits": cfg.num_splits, "us": us_hot, "floor_us": floor_us,
+                 "rel_err": float("nan")})
+
     # SDPA layout: (1, H, T, D) queries, (1, Hkv, kv, D) keys; the full (T, kv) boolean mask.
     qs = q.permute(0, 2, 1, 3).contiguous()  # (sets, Hq, T, D)
     full_mask = torch.ones((t, kv), dtype=torch.bool, device=device)
@@ -351,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nnum_stages sweep (µs, model splits, in-kernel combine):")
         print(st.pivot_table(index=key + ["num_splits"], columns="num_stages", values="us").round(1).to_string())
     print("\nkv_move (8 tokens, µs):")
+    hot = df[df.impl == "triton_hot"].set_index(key)["us"]
+    if len(hot):
+        print("\ncold (rotating buffers) vs hot (one L2-resident set) tree attention, µs:")
+        print(pd.DataFrame({"cold": ours["us"], "hot": hot}).round(1).to_string())
     print(df[df.impl.str.startswith("kv_move")][["impl", "heads", "us", "floor_us", "rel_err"]].round(2).to_string(index=False))
     print("\nold vs new (µs): num_splits rule legacy|model x combine separate|kernel; legacy_separate = 2026-12-02 path:")
     print(cmp_us.round(1).to_string())
