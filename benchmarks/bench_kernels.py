@@ -8,12 +8,14 @@ and (8/1, D 128): ours vs `scaled_dot_product_attention` with the same boolean m
 no mask, vs the bytes floor (K + V of the live keys + q + out, over the device-to-device copy
 bandwidth measured in the same run). The tree region holds the T queries (a random tree, ancestor
 mask); prefix = kv − T. Each shape runs four variants of ours: num_splits rule "model" (the
-fitted `SplitCostModel`, default) or "legacy" (the first heuristic) × combine "kernel" (one
-launch, last split merges; default, with a shared TreeAttentionWorkspace as the model should use)
-or "separate" (second combine launch: the 2026-12-02 code path). impl "triton" is the default
-(model + kernel) and is what the goal table judges; legacy + separate reproduces the committed
-numbers. Then a num_splits sweep (both combine modes) on a few shapes, a num_stages sweep, and
-kv_move on a Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens.
+fitted `SplitCostModel` of the combine mode, default) or "legacy" (the first heuristic) × combine
+"separate" (a second, row-parallel combine launch; default since 2026-12-03) or "kernel" (one
+launch, the last split merges, with a shared TreeAttentionWorkspace as the model would use).
+impl "triton" is the default (model + separate) and is what the goal table judges. Then a
+num_splits sweep (both combine modes) on a few shapes, a num_stages sweep, and kv_move on a
+Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens. `--fit-sweep` instead
+measures every grid shape (and 1 query) at num_splits 1..64 with combine "separate", the data
+`fit_split_model.py` fits `SEPARATE_COST` to.
 
 Timing: each measured call is captured in a CUDA graph, once per buffer set; the graph rotates
 over enough K/V (or cache-slot) sets to touch > 2× the 60 MB L2 per replay, so the L2 does not
@@ -39,11 +41,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.kernels.kv_move import kv_move, kv_move_ref
+from swiftspec.kernels.pdl import pdl_available
 from swiftspec.kernels.tree_attention import (
-    SplitCostModel,
+    SPLIT_COST,
     TreeAttentionWorkspace,
     ancestor_mask,
     choose_config,
@@ -131,14 +135,15 @@ def attention_sets(t, hq, hkv, d, kv, dtype, device, n_sets, gen):
 
 # (impl, rule, combine); "triton" is the library default and the one the goals judge.
 VARIANTS = [
-    ("triton", "model", "kernel"),
-    ("triton_model_separate", "model", "separate"),
+    ("triton", "model", "separate"),
+    ("triton_model_kernel", "model", "kernel"),
     ("triton_legacy_kernel", "legacy", "kernel"),
     ("triton_legacy_separate", "legacy", "separate"),
 ]
 
 
-def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), stages_sweep=()):
+def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), stages_sweep=(),
+                    combines=("separate", "kernel")):
     elem = torch.tensor([], dtype=dtype).element_size()
     set_bytes = 2 * hkv * kv * d * elem + 2 * t * hq * d * elem
     n_sets = max(1, min(256, math.ceil(ROTATE_BYTES / set_bytes))) if device == "cuda" else 1
@@ -156,7 +161,6 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
     cfg = choose_config(t, hq, hkv, d, kv, elem, num_sms)
     legacy = choose_config(t, hq, hkv, d, kv, elem, num_sms, rule="legacy")
-    model = SplitCostModel()
 
     ref = tree_attention_ref(q[0], k[0], v[0], prefix, mask, scale)
 
@@ -168,34 +172,44 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
         return lambda: tree_attention(q[i], k[i], v[i], pl, mask, scale, packed_mask=packed, out=outs[i],
                                       workspace=ws, **kw)
 
-    def predicted(ns):
-        return model.time_us(ns, t * (hq // hkv), hkv, d, kv, cfg.block_m, cfg.block_n, num_sms)
+    def predicted(ns, combine="separate"):
+        return SPLIT_COST[combine].time_us(ns, t * (hq // hkv), hkv, d, kv, cfg.block_m, cfg.block_n, num_sms)
 
     if splits_sweep or stages_sweep:  # only the sweeps: the rules' own rows come from the main grid
         for ns in splits_sweep:
-            for combine in ("separate", "kernel"):
+            for combine in combines:
                 e = err_of(num_splits=ns, combine=combine)
                 us_s = time_calls([ours_call(i, num_splits=ns, combine=combine) for i in range(n_sets)], device)
                 rows.append({**base, "impl": "triton_sweep", "combine": combine, "num_splits": ns, "us": us_s,
                              "floor_us": floor_us, "rel_err": e, "heuristic_splits": legacy.num_splits,
-                             "model_splits": cfg.num_splits, "model_us": predicted(ns)})
+                             "model_splits": cfg.num_splits, "model_us": predicted(ns, combine)})
         for st in stages_sweep:
             e = err_of(num_stages=st)
             us_s = time_calls([ours_call(i, num_stages=st) for i in range(n_sets)], device)
-            rows.append({**base, "impl": "triton_stages", "combine": "kernel", "num_splits": cfg.num_splits,
+            rows.append({**base, "impl": "triton_stages", "combine": "separate", "num_splits": cfg.num_splits,
                          "num_stages": st, "us": us_s, "floor_us": floor_us, "rel_err": e})
         return rows
     for impl, rule, combine in VARIANTS:
-        ns = (cfg if rule == "model" else legacy).num_splits
+        ns = choose_config(t, hq, hkv, d, kv, elem, num_sms, rule=rule, combine=combine).num_splits
         us = time_calls([ours_call(i, rule=rule, combine=combine) for i in range(n_sets)], device)
         rows.append({**base, "impl": impl, "rule": rule, "combine": combine, "num_splits": ns, "us": us,
-                     "floor_us": floor_us, "rel_err": err_of(rule=rule, combine=combine), "model_us": predicted(ns)})
+                     "floor_us": floor_us, "rel_err": err_of(rule=rule, combine=combine),
+                     "model_us": predicted(ns, combine)})
 
     # The same call on one L2-resident set, n_sets times: what is left without DRAM latency (and TLB
     # misses) tells launch + kernel structure apart from the cold-memory chain (kv 1024: ~18 us cold).
     us_hot = time_calls([ours_call(0)] * n_sets, device)
     rows.append({**base, "impl": "triton_hot", "num_splits": cfg.num_splits, "us": us_hot, "floor_us": floor_us,
                  "rel_err": float("nan")})
+
+    # The same calls as programmatic dependent launches: each call's launch and ramp overlap the
+    # previous call's tail (as consecutive kernels of a model step would, `swiftspec.kernels.pdl`).
+    if pdl_available(device):
+        for impl, combine in (("triton_pdl", "separate"), ("triton_kernel_pdl", "kernel")):
+            us_pdl = time_calls([ours_call(i, pdl=True, combine=combine) for i in range(n_sets)], device)
+            ns = choose_config(t, hq, hkv, d, kv, elem, num_sms, combine=combine).num_splits
+            rows.append({**base, "impl": impl, "combine": combine, "num_splits": ns, "us": us_pdl,
+                         "floor_us": floor_us, "rel_err": err_of(pdl=True, combine=combine)})
 
     # SDPA layout: (1, H, T, D) queries, (1, Hkv, kv, D) keys; the full (T, kv) boolean mask.
     qs = q.permute(0, 2, 1, 3).contiguous()  # (sets, Hq, T, D)
@@ -276,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run under TRITON_INTERPRET=1)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="result folder")
     ap.add_argument("--no-sweep", action="store_true", help="skip the num_splits sweep")
+    ap.add_argument("--fit-sweep", action="store_true",
+                    help="only the data to fit SplitCostModel: every grid shape (and 1 query) x num_splits "
+                         "1..64, combine separate; fit with benchmarks/fit_split_model.py")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
@@ -300,6 +317,25 @@ def main(argv: list[str] | None = None) -> int:
     bw = copy_bandwidth(device)
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s" if bw == bw else "copy bandwidth: n/a (CPU)")
     rows = []
+    if args.fit_sweep:
+        splits = (1, 2) if args.quick else (1, 2, 4, 8, 16, 32, 64)
+        for hq, hkv, d in tqdm(heads, desc="fit sweep (head configs)"):
+            for kv in kvs:
+                for t in [1] + queries:
+                    rows += bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=splits,
+                                            combines=("separate",))
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+        df = pd.DataFrame(rows)
+        stem = Path(args.out) / f"kernels_fit_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
+        meta = {**run_metadata(device), "copy_bandwidth_Bps": bw, "elapsed_s": time.perf_counter() - t_start}
+        atomic_write_text(stem.with_suffix(".json"), json.dumps(
+            {"metadata": meta, "rows": json.loads(df.to_json(orient="records"))}, indent=1))
+        atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
+        print(df.pivot_table(index=["heads", "kv", "queries", "model_splits"], columns="num_splits", values="us")
+              .round(1).to_string())
+        print(f"wrote {stem}.json and .csv")
+        return 0
     for hq, hkv, d in heads:
         for kv in kvs:
             for t in queries:
@@ -339,10 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     wide["goal"] = tri.set_index(key).goal_met.map({True: "met", False: "MISSED"}).fillna("n/a")
     var = df[df.impl.isin([v[0] for v in VARIANTS])]
     cmp_us = var.pivot_table(index=key, columns="impl", values="us", aggfunc="first")
-    cmp_us.columns = [c.replace("triton_", "").replace("triton", "model_kernel") for c in cmp_us.columns]
+    cmp_us.columns = [c.replace("triton_", "").replace("triton", "model_separate") for c in cmp_us.columns]
     cmp_us["splits_model"] = df[df.impl == "triton"].set_index(key).num_splits
     cmp_us["splits_legacy"] = df[df.impl == "triton_legacy_separate"].set_index(key).num_splits
-    cmp_us["predicted_model_sep"] = df[df.impl == "triton_model_separate"].set_index(key).model_us
+    cmp_us["predicted_model_sep"] = ours.model_us
     cmp_us["worst_err"] = var.groupby(key).rel_err.max()
     pd.set_option("display.width", 200)
     pd.set_option("display.max_rows", 200)
@@ -355,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
               .round(1).to_string())
     st = df[df.impl == "triton_stages"]
     if len(st):
-        print("\nnum_stages sweep (µs, model splits, in-kernel combine):")
+        print("\nnum_stages sweep (µs, model splits, default combine):")
         print(st.pivot_table(index=key + ["num_splits"], columns="num_stages", values="us").round(1).to_string())
     print("\nkv_move (8 tokens, µs):")
     hot = df[df.impl == "triton_hot"].set_index(key)["us"]
@@ -363,9 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\ncold (rotating buffers) vs hot (one L2-resident set) tree attention, µs:")
         print(pd.DataFrame({"cold": ours["us"], "hot": hot}).round(1).to_string())
     print(df[df.impl.str.startswith("kv_move")][["impl", "heads", "us", "floor_us", "rel_err"]].round(2).to_string(index=False))
-    print("\nold vs new (µs): num_splits rule legacy|model x combine separate|kernel; legacy_separate = 2026-12-02 path:")
+    print("\nvariants (µs): num_splits rule legacy|model x combine separate|kernel (model_separate = default):")
     print(cmp_us.round(1).to_string())
-    print("\ntree attention, bf16, batch 1 (µs; ours = model rule + in-kernel combine; floor = bytes / measured copy bw):")
+    print("\ntree attention, bf16, batch 1 (µs; ours = model rule + separate combine; floor = bytes / measured copy bw):")
     print(wide.round({"triton": 1, "sdpa_mask": 1, "sdpa_nomask": 1, "floor": 2, "err": 4, "goal_us": 1}).to_string())
     met = tri.goal_met.dropna()
     print(f"\ngoals met: {int(met.sum())} of {len(met)} shapes (≤ 2× floor + 5 µs; ≤ 10 µs 8/1 kv 1024 8–64 q; "

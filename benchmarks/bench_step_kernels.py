@@ -16,7 +16,15 @@ agreement with "off" (max relative error, argmax agreement) on the same inputs.
 `pred_ms` is the prediction written in benchmarks/KERNELS.md before the run. "gemm_only" rows: the
 step's GEMMs alone in one graph (the part no small-op fusion can remove), with `F.linear` (cuBLAS)
 and, for <= 16 tokens, the Triton skinny linear (`impl` column). Fusion "triton+gemv" is fusion
-"triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens).
+"triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
+a "+fold" suffix folds silu*up into the down GEMV (`set_linear(..., fold_act=True)`) and a "+pdl"
+suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`).
+
+Breakdown ("kind" = breakdown, CUDA only, first kv and --breakdown-tokens): torch.profiler over 5
+graph replays of the step: per kernel category (linear, attention, norm, rope_kv, act, other) the
+kernels per step and their summed µs per step, and "wall" = the replay's own time: wall minus the
+summed kernels is the time between kernels (launch gaps); with PDL, kernels overlap their
+neighbours (time spent waiting counts in their durations), so the sum can exceed the wall time.
 
 Kernels ("kind" = kernel): each fused kernel against the eager ops it replaces and their
 torch.compile version, at the same model's shapes, 1 and 64 tokens: µs per call inside a CUDA
@@ -97,10 +105,48 @@ def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, l
                "pred_ms": PRED_MS.get((spec.name, t, kv), float("nan")) if base["fusion"] == "triton" else float("nan")}  # fmt: skip
         if runner.use_graphs:
             row["replay_ms"] = statistics.median(time_ms(runner.graphs[runner.bucket(t)].replay, args.reps, 3, device))
+            if kv == args.kv[0] and t in args.breakdown_tokens:
+                rows += breakdown_rows(runner.graphs[runner.bucket(t)], {**base, "tokens": t})
         if ref is not None:
             row["max_rel_err_vs_off"] = float((out - ref).abs().max() / ref.abs().max())
             row["argmax_agree_vs_off"] = float((out.argmax(-1) == ref.argmax(-1)).float().mean())
         rows.append(row)
+    return rows
+
+
+def kernel_category(name: str) -> str:
+    """Category of a kernel name as the profiler reports it (Triton: the jit function's name)."""
+    n = name.lower()
+    for cat, keys in (("attention", ("tree_attn", "combine_kernel", "pack_mask", "flash", "sdpa", "attention")),
+                      ("norm", ("rmsnorm",)), ("rope_kv", ("rope",)), ("act", ("silu",)),
+                      ("linear", ("gemv", "skinny", "gemm", "nvjet", "cutlass", "sm90_xmma", "cublas"))):
+        if any(k in n for k in keys):
+            return cat
+    return "other"
+
+
+def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) -> list[dict]:
+    """Per kernel category: kernels and summed µs per replay of `graph` (torch.profiler, CUPTI), plus
+    the replay's wall time (CUDA events, same replays)."""
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+    wall_us = start.elapsed_time(end) * 1e3 / replays
+    per: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per.setdefault(kernel_category(e.name), []).append(e.device_time)
+    rows = [{**base, "kind": "breakdown", "category": c, "kernels_per_step": len(v) / replays,
+             "us_per_step": sum(v) / replays} for c, v in sorted(per.items())]  # fmt: skip
+    busy = sum(r["us_per_step"] for r in rows)
+    rows.append({**base, "kind": "breakdown", "category": "wall", "kernels_per_step": sum(len(v) for v in per.values()) / replays,
+                 "us_per_step": wall_us, "gap_us_per_step": wall_us - busy})  # fmt: skip
     return rows
 
 
@@ -114,9 +160,10 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             base = dict(kind="step", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
                         attention=args.attention)  # fmt: skip
             try:
-                fu, _, lin = fusion.partition("+")
+                fu, *extras = fusion.split("+")
                 model.set_fusion(fu)
-                model.set_linear("triton" if lin == "gemv" else "torch")
+                model.set_linear("triton" if "gemv" in extras else "torch", fold_act="fold" in extras)
+                model.set_pdl("pdl" in extras)
                 runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
                 base["device_ops_1tok"] = device_ops(model, cache, device) if kv == args.kv[0] else float("nan")
                 new = step_rows(args, runner, spec, kv, base, bw, logits)
@@ -127,12 +174,13 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             rows += new
             print(f"{spec.name} kv {kv} fusion {fusion}: " + ", ".join(
                 f"T={r['tokens']} {r['median_ms']:.3f} ms ({r['median_ms'] / r['floor_ms']:.2f}x floor)"
-                for r in new), flush=True)  # fmt: skip
+                for r in new if r["kind"] == "step"), flush=True)  # fmt: skip
             runner = None  # free its graphs and pool before the next mode captures
             _free(device)
         cache = None
         _free(device)
     model.set_linear("torch")
+    model.set_pdl(False)
     rows += gemm_rows(args, model, device, bw)
     if not args.no_kernels:
         rows += bench_kernels(args, model, device, dtype, bw)
@@ -250,7 +298,11 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,8,64")
     ap.add_argument("--kv", default="1024,4096")
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
-                    help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on)")
+                    help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
+                         " append +fold (silu*up in the down GEMV) and/or +pdl (programmatic dependent"
+                         " launch), e.g. triton+gemv+fold+pdl")
+    ap.add_argument("--breakdown-tokens", default="1,64",
+                    help="token counts whose graph replay gets a per-kernel-category profile (CUDA, first kv)")
     ap.add_argument("--attention", default="triton", help="torch | triton")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
@@ -264,6 +316,7 @@ def main() -> None:
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.kv = [int(x) for x in args.kv.split(",")]
     args.fusions = args.fusions.split(",")
+    args.breakdown_tokens = [int(x) for x in args.breakdown_tokens.split(",") if x]
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
 
@@ -298,6 +351,12 @@ def main() -> None:
             if len(ops):
                 print("\ndevice ops per 1-token forward\n"
                       f"{ops.groupby(['model', 'fusion'])['device_ops_1tok'].first().unstack()}")  # fmt: skip
+    brk = df[df["kind"] == "breakdown"]
+    if len(brk):
+        btab = brk.pivot_table(index=["model", "tokens", "fusion"], columns="category", values="us_per_step",
+                               aggfunc="first")  # fmt: skip
+        with pd.option_context(*[x for kv in fmt.items() for x in kv]):
+            print(f"\nµs per step by kernel category (profiler, kv {args.kv[0]}; wall = replay time)\n{btab}")
     gemm = df[df["kind"] == "gemm_only"]
     if len(gemm):
         with pd.option_context(*[x for kv in fmt.items() for x in kv]):

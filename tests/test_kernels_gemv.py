@@ -61,6 +61,26 @@ def test_gemv_rejects_bad_shapes():
         gemv(torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE), torch.randn(5, device=DEVICE))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,bk", [(1, 40, 96, None), (5, 33, 130, None), (16, 64, 64, None), (3, 70, 200, 64)])
+def test_gemv_silu_mul_fold_equals_silu_mul_then_gemv(dtype, m, n, k, bk):
+    """bk 64 at k 200: four K steps, the last ragged (the gate/up tiles are prefetched a step ahead)."""
+    from swiftspec.kernels.silu_mul import silu_mul
+
+    gen = torch.Generator().manual_seed(m + n + k)
+    gate_up, w = 2 * _rand((m, 2 * k), gen, dtype), _rand((n, k), gen, dtype)  # gates on both sides of 0
+    got = gemv(gate_up, w, act="silu_mul", block_k=bk)
+    assert torch.equal(got, gemv(silu_mul(gate_up), w, block_k=bk)), "the fold must round exactly as silu_mul does"
+    ref = F.linear(silu_mul(gate_up).float(), w.float())
+    assert float((got.float() - ref).abs().max() / ref.abs().max()) <= TOL[dtype]
+    with pytest.raises(ValueError, match="gate\\|up"):
+        gemv(gate_up[:, :k], w, act="silu_mul")
+    with pytest.raises(ValueError, match="act must be"):
+        gemv(gate_up, w, act="silu_mul", kind="fma")
+    with pytest.raises(ValueError, match="no bias"):
+        gemv(gate_up, w, torch.ones(n, dtype=dtype), act="silu_mul")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m,kind", [(1, "fma"), (4, "fma"), (16, "fma"), (1, "dot"), (5, "dot"), (16, "dot")])
@@ -78,3 +98,14 @@ def test_gpu_8b_shapes_in_cuda_graph(m, kind):
     graph.replay()
     torch.cuda.synchronize()
     assert float((y.float() - ref).abs().max() / ref.abs().max()) <= 1.6e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 16])
+def test_gpu_silu_mul_fold_8b_down_shape(m):
+    from swiftspec.kernels.silu_mul import silu_mul
+
+    gen = torch.Generator().manual_seed(m)
+    gate_up, w = 2 * _rand((m, 2 * 14336), gen, torch.bfloat16), _rand((4096, 14336), gen, torch.bfloat16)
+    assert torch.equal(gemv(gate_up, w, act="silu_mul"), gemv(silu_mul(gate_up), w))

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from swiftspec.kernels.tree_attention import (
-    SplitCostModel,
+    KERNEL_COST,
+    SEPARATE_COST,
     TreeAttentionWorkspace,
     ancestor_mask,
     choose_config,
@@ -236,7 +237,7 @@ def test_workspace_counters_reset_across_repeated_calls():
         for q, k, v, mask, packed, out in bufs:
             out.fill_(float("nan"))
             tree_attention(q, k, v, pl, mask, 0.2, num_splits=6, block_n=16, block_m=16, packed_mask=packed, out=out,
-                           workspace=ws)
+                           workspace=ws, combine="kernel")
             assert int(ws.counters.abs().sum()) == 0
             assert rel_err(out, tree_attention_ref(q, k, v, prefix, mask, 0.2)) < 1e-5
     assert ws.counters.numel() >= 4 and len(ws._retired) >= 1  # grew from 2; the old buffer is kept alive
@@ -262,13 +263,20 @@ def test_bad_combine_mode():
 
 # ------------------------------------------------------------------------------ num_splits rule
 
-SWEEP_CSV = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "kernels_2026-12-02.csv"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+SWEEP_CSV = RESULTS / "kernels_2026-12-02.csv"  # in-kernel combine era: grid + a 5-shape sweep
+FIT_CSV = RESULTS / "kernels_fit_2026-12-03.csv"  # combine "separate": 30 shapes x num_splits 1..64
 
 
 def test_choose_config_rules():
-    # The two shapes the legacy heuristic over-split (KERNELS.md): the model picks the sweep's best.
-    assert choose_config(64, 32, 8, 128, 16384, 2, 132).num_splits == 4
-    assert choose_config(8, 8, 1, 128, 16384, 2, 132).num_splits == 32
+    # The two shapes the legacy heuristic over-split (KERNELS.md): the model picks the sweep's best,
+    # for the in-kernel combine (kernels_2026-12-02) and the separate one (kernels_fit_2026-12-03).
+    assert choose_config(64, 32, 8, 128, 16384, 2, 132, combine="kernel").num_splits == 4
+    assert choose_config(8, 8, 1, 128, 16384, 2, 132, combine="kernel").num_splits == 32
+    assert choose_config(64, 32, 8, 128, 16384, 2, 132).num_splits == 4  # default: combine "separate"
+    assert choose_config(8, 8, 1, 128, 16384, 2, 132).num_splits == 64  # its merge is cheap: more splits
+    with pytest.raises(ValueError, match="combine"):
+        choose_config(8, 8, 1, 128, 1024, 2, combine="atomic")
     assert choose_config(64, 32, 8, 128, 16384, 2, 132, rule="legacy").num_splits == 9
     assert choose_config(8, 8, 1, 128, 16384, 2, 132, rule="legacy").num_splits == 64
     c = choose_config(1, 8, 1, 128, 16384, 2, 132, rule="legacy")  # 70B TP-8 decode
@@ -283,30 +291,39 @@ def test_choose_config_rules():
         choose_config(8, 8, 1, 128, 1024, 2, rule="fast")
 
 
-def test_split_model_reproduces_committed_sweep():
-    """For each swept shape, the model's choice among the measured num_splits is within 5 % of the
-    fastest measured time, and it beats the legacy heuristic's choice wherever that was measured."""
-    df = pd.read_csv(SWEEP_CSV)
+@pytest.mark.parametrize("combine", ["kernel", "separate"])
+def test_split_model_reproduces_committed_sweep(combine):
+    """For each swept shape, the model's choice among the measured num_splits is close to the
+    fastest measured time (kernel: within 5 %, over 5 shapes, and never slower than the legacy
+    heuristic's choice; separate: 30 shapes, within 20 % and 2 % on average), and the model tracks
+    every measured row (kernel: within 25 %; separate: 40 %)."""
+    csv, cost, close, mean_close, track = {
+        "kernel": (SWEEP_CSV, KERNEL_COST, 1.05, 1.05, 0.25),
+        "separate": (FIT_CSV, SEPARATE_COST, 1.20, 1.02, 0.40),
+    }[combine]
+    df = pd.read_csv(csv)
+    if "combine" in df:  # the 2026-12-02 file predates the column (its combine: a serial second launch)
+        df = df[df["combine"] == combine]
     sweep = df[df.impl == "triton_sweep"]
-    model = SplitCostModel()
-    assert sweep.groupby(["heads", "kv", "queries"]).ngroups == 5
+    assert sweep.groupby(["heads", "kv", "queries"]).ngroups == (5 if combine == "kernel" else 30)
+    ratios = []
     for (heads, kv, t), g in sweep.groupby(["heads", "kv", "queries"]):
         hq, hkv = map(int, heads.split("/"))
         measured = g.set_index("num_splits").us
         cfg = choose_config(t, hq, hkv, 128, kv, 2, 132, num_splits=1)  # tile sizes only
-        pick = model.best_splits(t * hq // hkv, hkv, 128, kv, cfg.block_m, cfg.block_n, 132,
-                                 candidates=tuple(int(s) for s in measured.index))
-        assert measured[pick] <= 1.05 * measured.min(), (heads, kv, t, pick, measured.to_dict())
+        pick = cost.best_splits(t * hq // hkv, hkv, 128, kv, cfg.block_m, cfg.block_n, 132,
+                                candidates=tuple(int(s) for s in measured.index))
+        ratios.append(measured[pick] / measured.min())
+        assert ratios[-1] <= close, (heads, kv, t, pick, measured.to_dict())
         legacy = int(g.heuristic_splits.iloc[0])
-        if legacy in measured.index:
+        if combine == "kernel" and legacy in measured.index:  # the reason the model replaced it
             assert measured[pick] <= measured[legacy]
-    # The model tracks every measured Triton row (grid and sweep) within 25 %.
-    tri = df[df.impl.isin(["triton", "triton_sweep"])]
-    for r in tri.itertuples():
+    assert sum(ratios) / len(ratios) <= mean_close
+    for r in df[df.impl.isin(["triton", "triton_sweep"])].itertuples():
         hq, hkv = map(int, r.heads.split("/"))
         cfg = choose_config(r.queries, hq, hkv, 128, r.kv, 2, 132, num_splits=1)
-        pred = model.time_us(int(r.num_splits), r.queries * hq // hkv, hkv, 128, r.kv, cfg.block_m, cfg.block_n)
-        assert abs(pred - r.us) <= 0.25 * r.us, (r, pred)
+        pred = cost.time_us(int(r.num_splits), r.queries * hq // hkv, hkv, 128, r.kv, cfg.block_m, cfg.block_n)
+        assert abs(pred - r.us) <= track * r.us, (r, pred)
 
 
 # ------------------------------------------------------------------------------------- GPU only
@@ -334,7 +351,8 @@ def test_gpu_shapes(t, hq, hkv, d, max_len, prefix, kind, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_gpu_cuda_graph_replay_reads_prefix_from_device():
+@pytest.mark.parametrize("combine", ["separate", "kernel"])
+def test_gpu_cuda_graph_replay_reads_prefix_from_device(combine):
     gen = torch.Generator().manual_seed(1)
     t, hq, hkv, d, max_len = 16, 32, 8, 128, 8192
     q = torch.randn((t, hq, d), generator=gen).bfloat16().cuda()
@@ -345,11 +363,12 @@ def test_gpu_cuda_graph_replay_reads_prefix_from_device():
     out = torch.empty_like(q)
     packed = pack_tree_mask(mask)
     ws = TreeAttentionWorkspace("cuda")
-    tree_attention(q, k, v, pl, mask, d**-0.5, packed_mask=packed, out=out, workspace=ws)  # compile outside capture
+    kw = {"packed_mask": packed, "out": out, "workspace": ws, "combine": combine}
+    tree_attention(q, k, v, pl, mask, d**-0.5, **kw)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(3):  # three layers sharing one workspace inside one graph
-            tree_attention(q, k, v, pl, mask, d**-0.5, packed_mask=packed, out=out, workspace=ws)
+            tree_attention(q, k, v, pl, mask, d**-0.5, **kw)
     for prefix in (100, 5000, 8000, 0, 7000, 7000, 30):
         pl.fill_(prefix)
         out.fill_(float("nan"))
@@ -377,6 +396,6 @@ def test_gpu_in_kernel_combine_stress(splits):
     for prefix in (8000, 3000, 64, 0):
         ref = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits, combine="separate").float()
         for _ in range(50):
-            out = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits, workspace=ws)
+            out = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits, workspace=ws, combine="kernel")
             assert (out.float() - ref).abs().max() <= 1e-2 * ref.abs().max()
         assert int(ws.counters.abs().sum()) == 0

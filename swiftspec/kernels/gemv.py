@@ -29,13 +29,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+
 SHARED_BYTES = 220 * 1024  # pipeline buffers' budget: Hopper has 227 KB of shared memory per block
 MAX_ROWS = 16  # more token rows: use F.linear (cuBLAS is efficient once M fills an MMA tile)
 
 
 @triton.jit
 def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    grid_sync(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ok_n, ok_m = cols < N, rows < M
@@ -56,30 +59,82 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 
 @triton.jit
 def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
-                       IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ok_n, ok_m = cols < N, rows < M
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_first = 0
+    if PDL:
+        # The weights are static: start streaming the first tile before waiting for the kernel
+        # that writes x, so its DRAM latency overlaps that kernel's tail (see pdl.py).
+        k_first = BLOCK_K
+        ks = tl.arange(0, BLOCK_K)
+        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & (ks < K)[None, :],
+                    other=0.0)
+        grid_sync(PDL)
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=(ks < K)[:, None] & ok_m[None, :], other=0.0)
+        acc = _dot(w, xt, acc, IEEE, UPCAST)
+    for k0 in range(k_first, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         ok_k = ks < K
         w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & ok_k[None, :],
                     other=0.0)  # (BLOCK_N, BLOCK_K)
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
                      other=0.0)  # (BLOCK_K, BLOCK_M)
-        if UPCAST:  # see `_interpreted_bf16`
-            w, xt = w.to(tl.float32), xt.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(w, xt, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, xt, acc)
+        acc = _dot(w, xt, acc, IEEE, UPCAST)
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
     tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
              mask=ok_n[:, None] & ok_m[None, :])
+
+
+@triton.jit
+def _skinny_dot_silu_kernel(X, W, Y, M, N, K, stride_x, stride_w, stride_y, IEEE: tl.constexpr,
+                            UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    # As _skinny_dot_kernel with x = silu(gate) * up computed per K tile from X = gate|up (M, 2K),
+    # rounded as `silu_mul` rounds. The pipeliner streams only loads that feed tl.dot directly, so
+    # the gate/up tiles are loaded one K step ahead by hand (else every step waits on DRAM latency).
+    grid_sync(PDL)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    ok_n, ok_m = cols < N, rows < M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_K)
+    xmask = (ks < K)[:, None] & ok_m[None, :]
+    g = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=xmask, other=0.0)  # (BLOCK_K, BLOCK_M)
+    u = tl.load(X + rows[None, :] * stride_x + K + ks[:, None], mask=xmask, other=0.0)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & (ks < K)[None, :],
+                    other=0.0)  # (BLOCK_N, BLOCK_K)
+        kn = ks + BLOCK_K
+        nmask = (kn < K)[:, None] & ok_m[None, :]
+        g_next = tl.load(X + rows[None, :] * stride_x + kn[:, None], mask=nmask, other=0.0)
+        u_next = tl.load(X + rows[None, :] * stride_x + K + kn[:, None], mask=nmask, other=0.0)
+        gf = g.to(tl.float32)
+        sg = (gf / (1.0 + tl.exp(-gf))).to(X.dtype.element_ty).to(tl.float32)
+        xt = (sg * u.to(tl.float32)).to(X.dtype.element_ty)
+        acc = _dot(w, xt, acc, IEEE, UPCAST)
+        g, u = g_next, u_next
+    tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
+             mask=ok_n[:, None] & ok_m[None, :])
+
+
+@triton.jit
+def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc (BLOCK_N, BLOCK_M) += w (BLOCK_N, BLOCK_K) @ xt (BLOCK_K, BLOCK_M)."""
+    if UPCAST:  # see `_interpreted_bf16`
+        w, xt = w.to(tl.float32), xt.to(tl.float32)
+    if IEEE:
+        acc = tl.dot(w, xt, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w, xt, acc)
+    return acc
 
 
 def _interpreted_bf16(dtype: torch.dtype) -> bool:
@@ -99,7 +154,8 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
-         num_stages: int | None = None, kind: str = "dot") -> torch.Tensor:
+         num_stages: int | None = None, kind: str = "dot", pdl: bool = False,
+         act: str | None = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 16 (MAX_ROWS); x and weight need a contiguous last dim. One launch, grid ceil(N / BLOCK_N);
@@ -109,10 +165,21 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; block_n default 64, block_k
     256 for N <= 4096 else 128; float32 inputs use IEEE products, not TF32). kind "fma": broadcast
     multiply + sum in float32 (no tensor cores; block_n 16 and 8192 products per K step).
+    pdl: launch as a programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs); the dot
+    kind then loads its first weight tile before waiting for the previous kernel.
+    act="silu_mul" (dot kind): x is the (M, 2K) gate|up projection and the kernel multiplies by
+    silu(gate) * up computed on the fly, equal to `gemv(silu_mul(x), weight)` bit for bit: the
+    activation of a SwiGLU MLP folded into its down projection (one launch fewer per layer).
     """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
-    m, k = x.shape
+    if act not in (None, "silu_mul") or (act and kind != "dot"):
+        raise ValueError(f"act must be None or 'silu_mul' (dot kind only), got {act!r} with kind {kind!r}")
+    fold = 2 if act else 1  # x holds gate|up: twice the weight's K
+    if act and bias is not None:
+        raise ValueError("act='silu_mul' takes no bias (a SwiGLU down projection has none)")
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != fold * weight.shape[1]:
+        want = "(M, 2K) gate|up" if act else "(M, K)"
+        raise ValueError(f"need x {want} and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
+    m, k = x.shape[0], weight.shape[1]
     n = weight.shape[0]
     if m > MAX_ROWS:
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {m}: use F.linear")
@@ -120,6 +187,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError("x and weight need a contiguous last dim")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must be ({n},), got {tuple(bias.shape)}")
+    check_pdl(pdl, x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
@@ -130,20 +198,30 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
         bn, bk = block_n or 64, block_k or (256 if n <= 4096 else 128)
         stage_bytes = (bn + 16) * bk * x.element_size()  # one weight tile + one x tile
-        stages = stages or {"num_stages": max(1, min(5, SHARED_BYTES // stage_bytes))}
-        _skinny_dot_kernel[(triton.cdiv(n, bn),)](
-            x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-            HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or _interpreted_bf16(x.dtype),
-            UPCAST=_interpreted_bf16(x.dtype), BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=num_warps, **stages,
-        )
+        # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
+        room = SHARED_BYTES - (stage_bytes if pdl else 0)
+        stages = stages or {"num_stages": max(1, min(5, room // stage_bytes))}
+        ieee, upcast = x.dtype == torch.float32 or _interpreted_bf16(x.dtype), _interpreted_bf16(x.dtype)
+        grid = (triton.cdiv(n, bn),)
+        if act:
+            _skinny_dot_silu_kernel[grid](
+                x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), IEEE=ieee, UPCAST=upcast,
+                BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages, **launch_options(pdl),
+            )
+        else:
+            _skinny_dot_kernel[grid](
+                x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0),
+                y.stride(0), HAS_BIAS=bias is not None, IEEE=ieee, UPCAST=upcast, BLOCK_M=16, BLOCK_N=bn,
+                BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages, **launch_options(pdl),
+            )
         return y
     if kind != "fma":
         raise ValueError(f"kind must be 'fma' or 'dot', got {kind!r}")
     bm, bn, bk = gemv_config(m, block_n, block_k)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps, **stages,
+        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages,
+        **launch_options(pdl),
     )
     return y
 

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+
 _MAX_CHUNK = 256
 
 
@@ -35,9 +37,10 @@ _MAX_CHUNK = 256
 def _kv_move_kernel(
     K, V, SRC, DST, NVALID, N, HKV,
     stride_kl, stride_kh, stride_kn, stride_vl, stride_vh, stride_vn,
-    HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, HAS_NVALID: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, HAS_NVALID: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (layer·Hkv + head, K or V): move the n slots of one head of one layer."""
+    grid_sync(PDL)
     pid = tl.program_id(0)
     which = tl.program_id(1)
     layer = pid // HKV
@@ -70,6 +73,7 @@ def kv_move(
     dst_start: torch.Tensor | int,
     *,
     n_valid: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> None:
     """Copy slots `src_slots[i]` to `dst_start + i` in every layer and head of k and v, in place.
 
@@ -78,6 +82,7 @@ def kv_move(
         src_slots: (n,) integer tensor on the caches' device; source slots, destinations distinct
         dst_start: int or 0-d integer tensor on the device (read in the kernel: graph-safe)
         n_valid:   optional 0-d integer tensor: move only the first n_valid entries (graph padding)
+        pdl:       programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs)
     Overlap: any src order is safe for n <= 256; beyond that see the module docstring.
     One launch; no host sync.
     """
@@ -88,6 +93,7 @@ def kv_move(
         raise ValueError("head dim must be a power of two with a contiguous last dimension")
     if src_slots.dim() != 1:
         raise ValueError(f"src_slots must be 1-d, got shape {tuple(src_slots.shape)}")
+    check_pdl(pdl, k.device)
     n = src_slots.shape[0]
     if n == 0:
         return
@@ -100,7 +106,8 @@ def kv_move(
     _kv_move_kernel[(layers * hkv, 2)](
         k, v, src_slots, dst, n_valid if n_valid is not None else dst, n, hkv,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        HEAD_DIM=d, BLOCK_T=block_t, HAS_NVALID=n_valid is not None, num_warps=num_warps,
+        HEAD_DIM=d, BLOCK_T=block_t, HAS_NVALID=n_valid is not None, PDL=pdl, num_warps=num_warps,
+        **launch_options(pdl),
     )
 
 

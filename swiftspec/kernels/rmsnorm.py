@@ -21,14 +21,17 @@ import torch
 import triton
 import triton.language as tl
 
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+
 
 @triton.jit
 def _add_rmsnorm_kernel(
     X, RES, W, OUT, NEW_RES, N, eps,
     stride_x, stride_r, stride_o, stride_nr,
-    BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program t: row t of OUT = rmsnorm(X[t] (+ RES[t])) * W; NEW_RES[t] = X[t] + RES[t]."""
+    grid_sync(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < N
@@ -53,6 +56,7 @@ def add_rmsnorm(
     *,
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(normed, new_residual) with new_residual = residual + x (x itself when residual is None) and
     normed = RMSNorm(new_residual) * weight, in one launch.
@@ -62,6 +66,7 @@ def add_rmsnorm(
         residual: (T, H) residual stream, same dtype, or None (first layer: nothing to add)
         weight:   (H,) norm weight, same dtype
         out, residual_out: optional (T, H) buffers to write into (static buffers; tests poison them)
+        pdl: programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs)
     Returns:
         normed (T, H) and new_residual (T, H), both in x.dtype; new tensors (x and residual are not
         modified), except that new_residual *is* x when residual is None.
@@ -74,6 +79,7 @@ def add_rmsnorm(
                          f"{tuple(x.shape)} {x.dtype}")  # fmt: skip
     if x.stride(-1) != 1 or weight.stride(-1) != 1 or (residual is not None and residual.stride(-1) != 1):
         raise ValueError("x, residual and weight need a contiguous last dimension")
+    check_pdl(pdl, x.device)
     t, h = x.shape
     out = _buffer(out, x)
     new_res = _buffer(residual_out, x) if residual is not None else x
@@ -86,7 +92,7 @@ def add_rmsnorm(
     _add_rmsnorm_kernel[(t,)](
         x, res, weight, out, new_res, h, float(eps),
         x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
-        BLOCK=block, HAS_RES=residual is not None, num_warps=num_warps,
+        BLOCK=block, HAS_RES=residual is not None, PDL=pdl, num_warps=num_warps, **launch_options(pdl),
     )
     return out, new_res
 

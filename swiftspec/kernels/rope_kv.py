@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+
 
 @triton.jit
 def _rotate(base, cos_row, sin_row, offs, ok, HALF: tl.constexpr):
@@ -52,8 +54,9 @@ def _rope_kv_kernel(
     QKV, COS, SIN, SLOTS, QOUT, KC, VC, HQ, HKV,
     stride_qkv, stride_cos, stride_sin, stride_qo_t, stride_qo_h,
     stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s,
-    HALF: tl.constexpr, BLOCK: tl.constexpr,
+    HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_sync(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -111,6 +114,7 @@ def rope_kv(
     kv_heads: int,
     *,
     out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Rotate q and k of the fused projection, write k and v into the cache at `slots`; return q.
 
@@ -120,11 +124,13 @@ def rope_kv(
         slots:    (T,) int64/int32 cache slots on the device (read in the kernel: graph-safe)
         k_cache, v_cache: (Hkv, S, D) one layer of the cache, written in place at slots[t]
         out:      optional (T, Hq, D) buffer for q, qkv's dtype, last dim contiguous
+        pdl:      programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs)
     Returns:
         q: (T, Hq, D) rotated queries in qkv's dtype (`out` when given).
     One launch, grid (T, Hq + Hkv); no host sync.
     """
     d = _check(qkv, cos, sin, slots, k_cache, v_cache, q_heads, kv_heads)
+    check_pdl(pdl, qkv.device)
     t = qkv.shape[0]
     q = out if out is not None else torch.empty((t, q_heads, d), dtype=qkv.dtype, device=qkv.device)
     if q.shape != (t, q_heads, d) or q.dtype != qkv.dtype or q.stride(-1) != 1:
@@ -136,7 +142,8 @@ def rope_kv(
         qkv, cos, sin, slots, q, k_cache, v_cache, q_heads, kv_heads,
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1 if half <= 64 else 2,
+        HALF=half, BLOCK=triton.next_power_of_2(half), PDL=pdl, num_warps=1 if half <= 64 else 2,
+        **launch_options(pdl),
     )
     return q
 

@@ -12,9 +12,12 @@ import torch
 import triton
 import triton.language as tl
 
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, F, stride_gu, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, F, stride_gu, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    grid_sync(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < F
@@ -24,15 +27,17 @@ def _silu_mul_kernel(GU, OUT, F, stride_gu, stride_o, BLOCK: tl.constexpr):
     tl.store(OUT + t * stride_o + cols, (s * u).to(OUT.dtype.element_ty), mask=ok)
 
 
-def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """(T, 2F) fused gate|up projection -> silu(gate) * up, (T, F), one launch.
 
     gate_up: last dim contiguous; gate is columns [0, F), up is [F, 2F). Returns a new tensor of
-    gate_up's dtype (or writes `out`, a (T, F) buffer of that dtype).
+    gate_up's dtype (or writes `out`, a (T, F) buffer of that dtype). pdl: programmatic dependent
+    launch (`swiftspec.kernels.pdl`; Hopper GPUs).
     Grid (T, ceil(F / BLOCK)); no host sync.
     """
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(-1) != 1:
         raise ValueError(f"gate_up must be (T, 2F) with a contiguous last dim, got {tuple(gate_up.shape)}")
+    check_pdl(pdl, gate_up.device)
     t, f = gate_up.shape[0], gate_up.shape[1] // 2
     if out is None:
         out = torch.empty((t, f), dtype=gate_up.dtype, device=gate_up.device)
@@ -42,7 +47,7 @@ def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch
         return out
     block = min(1024, triton.next_power_of_2(f))
     _silu_mul_kernel[(t, triton.cdiv(f, block))](gate_up, out, f, gate_up.stride(0), out.stride(0),
-                                                 BLOCK=block, num_warps=4)  # fmt: skip
+                                                 BLOCK=block, PDL=pdl, num_warps=4, **launch_options(pdl))  # fmt: skip
     return out
 
 

@@ -15,8 +15,9 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
   size is computed *in the kernel* from the device-resident prefix_len, so the work is spread
   evenly over the splits whatever the prefix is, and splits past the end do nothing. Each split
   writes its partial (running max, sum, unnormalised accumulator) in float32, and the partials are
-  merged (log-sum-exp combine) either in the same launch (combine="kernel", default: the last
-  split to finish merges, see below) or by a second small kernel (combine="separate"). With one
+  merged (log-sum-exp combine) either by a second small kernel, one program per row and KV head
+  (combine="separate", default), or in the same launch (combine="kernel": the last split to
+  finish merges, see below; its serial merge made it slower everywhere it was measured). With one
   split (or one *active* split for this prefix, in-kernel mode) the kernel writes the output itself.
   num_splits comes from a time model fitted to the measured H200 sweep (`SplitCostModel`).
 * **In-kernel combine: memory ordering.** Per (row tile, KV head) an int32 counter, zero on
@@ -65,6 +66,8 @@ import torch
 import triton
 import triton.language as tl
 
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+
 # H200 streaming multiprocessors; used when no GPU is present (interpreter) so CPU tests exercise
 # the same split heuristic the GPU would use.
 _DEFAULT_NUM_SMS = 132
@@ -74,9 +77,10 @@ _MAX_SPLITS = 64
 @triton.jit
 def _pack_mask_kernel(
     MASK, PACKED, N, W, stride_mt, stride_pt,
-    BLOCK_W: tl.constexpr,
+    BLOCK_W: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (t, w-block): pack BLOCK_W words of 32 mask bits of row t."""
+    grid_sync(PDL)
     t = tl.program_id(0)
     wb = tl.program_id(1)
     words = wb * BLOCK_W + tl.arange(0, BLOCK_W)
@@ -88,14 +92,16 @@ def _pack_mask_kernel(
     tl.store(PACKED + t * stride_pt + words, packed, mask=words < W)
 
 
-def pack_tree_mask(tree_mask: torch.Tensor) -> torch.Tensor:
+def pack_tree_mask(tree_mask: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     """Bit-pack a (T, N) bool tree mask into (T, max(1, ceil(N / 32))) int32 words, on its device.
 
     Bit j % 32 of word j // 32 in row i is tree_mask[i, j]. One launch, no host sync; reuse the
-    result for every layer of a step (`tree_attention(..., packed_mask=...)`).
+    result for every layer of a step (`tree_attention(..., packed_mask=...)`). pdl: programmatic
+    dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs).
     """
     if tree_mask.dim() != 2 or tree_mask.dtype != torch.bool:
         raise ValueError(f"tree_mask must be a 2-d bool tensor, got {tuple(tree_mask.shape)} {tree_mask.dtype}")
+    check_pdl(pdl, tree_mask.device)
     t, n = tree_mask.shape
     w = max(1, triton.cdiv(n, 32))
     packed = torch.empty((t, w), dtype=torch.int32, device=tree_mask.device)
@@ -103,7 +109,8 @@ def pack_tree_mask(tree_mask: torch.Tensor) -> torch.Tensor:
         return packed
     m = tree_mask.contiguous().view(torch.uint8)
     block_w = min(32, triton.next_power_of_2(w))
-    _pack_mask_kernel[(t, triton.cdiv(w, block_w))](m, packed, n, w, m.stride(0), packed.stride(0), BLOCK_W=block_w)
+    _pack_mask_kernel[(t, triton.cdiv(w, block_w))](m, packed, n, w, m.stride(0), packed.stride(0), BLOCK_W=block_w,
+                                                           PDL=pdl, **launch_options(pdl))
     return packed
 
 
@@ -147,7 +154,7 @@ def _tree_attn_kernel(
     stride_mt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
-    IN_KERNEL_COMBINE: tl.constexpr, SPLITS_P2: tl.constexpr,
+    IN_KERNEL_COMBINE: tl.constexpr, SPLITS_P2: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (row tile, kv head, split): attention of BLOCK_M rows over one split of the keys.
 
@@ -156,6 +163,7 @@ def _tree_attn_kernel(
     counts arrivals and is reset to zero by that last split. Memory-ordering argument in
     `tree_attention`'s module docstring ("In-kernel combine").
     """
+    grid_sync(PDL)
     pid_m = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -340,10 +348,16 @@ def _merge_splits(
 @triton.jit
 def _combine_kernel(
     PREFIX, PART_ML, PART_ACC, OUT, T, N, MAX_LEN, NUM_SPLITS, stride_ot, stride_oh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_P2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """Program (row tile, kv head): log-sum-exp merge of the active splits' partials."""
-    pid_m = tl.program_id(0)
+    """Program (row, kv head): log-sum-exp merge of one row's active splits.
+
+    One row per program, every split's (m, l) and accumulator in one load each, so the merge is a
+    single round trip to L2 however many splits there are (T · group · Hkv programs: 64 for 8
+    queries of a 70B TP-8 shard, 2048 for 64 queries of Llama-3-8B)."""
+    grid_sync(PDL)
+    r = tl.program_id(0)
     kvh = tl.program_id(1)
     hkv = tl.num_programs(1)
     rows_total = T * GROUP
@@ -352,30 +366,20 @@ def _combine_kernel(
     chunk = tl.maximum(tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
     n_active = tl.cdiv(n_keys, chunk)  # same split arithmetic as the attention kernel
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < rows_total
+    s = tl.arange(0, SPLITS_P2)
+    ok = s < n_active
+    part_row = (s * hkv + kvh) * rows_total + r
     offs_d = tl.arange(0, HEAD_DIM)
-    m_run = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
-    l_run = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    for s in range(0, n_active):
-        part_row = (s * hkv + kvh) * rows_total + offs_m
-        m_s = tl.load(PART_ML + part_row * 2, mask=row_ok, other=-1.0e30)
-        l_s = tl.load(PART_ML + part_row * 2 + 1, mask=row_ok, other=0.0)
-        a_s = tl.load(PART_ACC + part_row[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        m_new = tl.maximum(m_run, m_s)
-        alpha = tl.exp2(m_run - m_new)
-        beta = tl.exp2(m_s - m_new)
-        l_run = l_run * alpha + l_s * beta
-        acc = acc * alpha[:, None] + a_s * beta[:, None]
-        m_run = m_new
-    out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
-    t_of_row = offs_m // GROUP
-    head_of_row = kvh * GROUP + offs_m % GROUP
-    tl.store(
-        OUT + t_of_row[:, None] * stride_ot + head_of_row[:, None] * stride_oh + offs_d[None, :],
-        out.to(OUT.dtype.element_ty), mask=row_ok[:, None],
-    )
+    m = tl.load(PART_ML + part_row * 2, mask=ok, other=-1.0e30)
+    lsum = tl.load(PART_ML + part_row * 2 + 1, mask=ok, other=0.0)
+    acc = tl.load(PART_ACC + part_row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+    # Inactive splits weigh exp2(-1e30 - max) = 0; a row with no key anywhere gives 0 / 0 = NaN,
+    # as the reference does.
+    w = tl.exp2(m - tl.max(m, 0))
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
+    t = r // GROUP
+    head = kvh * GROUP + r % GROUP
+    tl.store(OUT + t * stride_ot + head * stride_oh + offs_d, out.to(OUT.dtype.element_ty))
 
 
 @dataclass(frozen=True)
@@ -399,29 +403,27 @@ _SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 @dataclass(frozen=True)
 class SplitCostModel:
     """Time (µs) of one split-KV tree-attention call as a function of num_splits; `choose_config`
-    picks the candidate with the smallest modelled time.
-
-    Fitted (least squares on relative error, rms 5.7 %) to the 72 Triton rows of
-    `benchmarks/results/kernels_2026-12-02.csv` (H200, bf16, D 128, BLOCK_N 64, two-launch
-    combine): the 24-shape grid at the old heuristic's splits plus the num_splits sweep. With
-    S splits, B = ceil(max_len / BLOCK_N) key blocks, c = max(1, ceil(ceil(max_len / S) / BLOCK_N))
-    blocks per split, n = ceil(B / c) active splits, P = tiles × n programs:
+    picks the candidate with the smallest modelled time. With S splits, B = ceil(max_len / BLOCK_N)
+    key blocks, c = max(1, ceil(ceil(max_len / S) / BLOCK_N)) blocks per split, n = ceil(B / c)
+    active splits, P = tiles × n programs, and m = n (`merge_over="active"`) or next_pow2(S)
+    (`merge_over="launched"`):
 
         t = fixed + (block · c + [S > 1] · split_program) · max(1, P / (SMs · ctas_per_sm))
-              + [S > 1] · (merge_per_split · n + partial_bytes(n) / partial_bw)
+              + [S > 1] · (combine + merge_per_split · m + m · rows · Hkv · D · 8 bytes / partial_bw)
 
-    * block_us: one program's time per key block (latency-bound: ~1.7 µs at BLOCK_M 64 / 8 warps,
-      1.1 µs at BLOCK_M <= 32 / 4 warps); scaled by BLOCK_N · D / (64 · 128) for other tiles
-      (an extrapolation: only D 128, BLOCK_N 64 was measured).
+    * block_us: one program's time per key block (latency-bound: ~1.3–1.7 µs at BLOCK_M 64 / 8
+      warps, 0.9–1.1 µs at BLOCK_M <= 32 / 4 warps); scaled by BLOCK_N · D / (64 · 128) for other
+      tiles (an extrapolation: only D 128, BLOCK_N 64 was measured).
     * ctas_per_sm: ~1 resident program per SM, so programs beyond the SM count run in waves.
-    * split_program_us: extra per-wave cost of a split launch (partial store, second launch).
-    * merge_per_split_us: the merge loops over the splits serially (1–2 programs per kv head at
-      batch 1), 0.63 µs per split: why 64 splits lose to 32 at 8/1 kv 16384.
-    * partial_bw: float32 partials written and read back (n · rows · Hkv · D · 8 bytes), ~7 TB/s
-      (they stay in L2): why 16 splits lose at 32/8 q64 (16.8 MB of partials for 4.2 MB of K/V).
+    * split_program_us: extra per-wave cost of a split launch (partial store).
+    * combine_us, merge_per_split_us, partial_bw: the merge. The in-kernel combine (`KERNEL_COST`)
+      loops over the active splits serially in 1–2 programs per kv head (0.63 µs per split); the
+      separate, row-parallel combine kernel (`SEPARATE_COST`) loads every launched split's
+      partial row at once (m = next_pow2(S) register tiles: what makes 64 splits slow at 128
+      queries, where those tiles reach 32 KB per program).
 
-    The same constants are used for `combine="kernel"` (one launch, pair-wise merge loads), which
-    was not measured yet; refit both once `bench_kernels.py` has measured it.
+    Defaults (`KERNEL_COST`): fitted (least squares on relative error, rms 5.7 %) to the 72 Triton
+    rows of `benchmarks/results/kernels_2026-12-02.csv` (H200, bf16, D 128, BLOCK_N 64).
     """
 
     fixed_us: float = 5.83
@@ -432,6 +434,8 @@ class SplitCostModel:
     split_program_us: float = 4.07
     merge_per_split_us: float = 0.63
     partial_bytes_per_us: float = 7.06e6
+    combine_us: float = 0.0
+    merge_over: str = "active"
 
     def time_us(self, num_splits: int, rows: int, hkv: int, d: int, max_len: int, block_m: int, block_n: int,
                 num_sms: int = _DEFAULT_NUM_SMS) -> float:
@@ -447,7 +451,9 @@ class SplitCostModel:
         split = num_splits > 1
         t = self.fixed_us + (block_us * per_split + split * self.split_program_us) * waves
         if split:
-            t += self.merge_per_split_us * active + active * rows * hkv * d * 8 / self.partial_bytes_per_us
+            merged = active if self.merge_over == "active" else triton.next_power_of_2(num_splits)
+            t += self.combine_us + self.merge_per_split_us * merged
+            t += merged * rows * hkv * d * 8 / self.partial_bytes_per_us
         return t
 
     def best_splits(self, rows: int, hkv: int, d: int, max_len: int, block_m: int, block_n: int,
@@ -463,6 +469,19 @@ def _best_splits(model: SplitCostModel, rows: int, hkv: int, d: int, max_len: in
     return min(candidates, key=lambda s: (model.time_us(s, rows, hkv, d, max_len, block_m, block_n, num_sms), s))
 
 
+KERNEL_COST = SplitCostModel()
+# Fitted by benchmarks/fit_split_model.py to the num_splits sweep with combine "separate"
+# (benchmarks/results/kernels_fit_2026-12-03.csv: 210 rows, 30 shapes x S in 1..64; rms 13 %,
+# the pick within 1.8 % of the sweep's best on average, 16 % at worst).
+SEPARATE_COST = SplitCostModel(
+    fixed_us=6.163, block_us_wide=1.295, block_us_narrow=0.916, ctas_per_sm_wide=0.877, ctas_per_sm_narrow=1.029,
+    split_program_us=1.659, merge_per_split_us=0.0, partial_bytes_per_us=1.985e6, combine_us=0.393,
+    merge_over="launched",
+)
+SPLIT_COST = {"kernel": KERNEL_COST, "separate": SEPARATE_COST}
+COMBINE_MODES = ("separate", "kernel")
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -476,12 +495,14 @@ def _num_sms(device: torch.device) -> int:
 def choose_config(
     t: int, hq: int, hkv: int, d: int, max_len: int, elem_bytes: int, num_sms: int = _DEFAULT_NUM_SMS,
     num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
-    *, rule: str = "model", num_stages: int | None = None, cost: SplitCostModel = SplitCostModel(),
+    *, rule: str = "model", num_stages: int | None = None, combine: str = "separate",
+    cost: SplitCostModel | None = None,
 ) -> TreeAttentionConfig:
     """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
 
-    rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 (fitted to
-    the measured H200 sweep; see its docstring). rule="legacy": the first heuristic, kept so the
+    rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 with the
+    model fitted to the measured H200 sweep of the combine mode (`SPLIT_COST[combine]`, or `cost`
+    when given; see `SplitCostModel`). rule="legacy": the first heuristic, kept so the
     benchmark can compare: about two programs per SM, at most one split per key block and partial
     bytes within the K/V bytes — it over-splits at long KV (32/8 kv 16384 q64: 9 splits 170 µs,
     4 splits 124 µs; 8/1 kv 16384 q8: 64 splits 60 µs, 32 splits 45 µs).
@@ -494,7 +515,9 @@ def choose_config(
     bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 else 128)
     if num_splits is None:
         if rule == "model":
-            num_splits = cost.best_splits(rows, hkv, d, max_len, bm, bn, num_sms)
+            if combine not in SPLIT_COST:
+                raise ValueError(f"combine must be one of {COMBINE_MODES}, got {combine!r}")
+            num_splits = (cost or SPLIT_COST[combine]).best_splits(rows, hkv, d, max_len, bm, bn, num_sms)
         else:
             tiles = triton.cdiv(rows, bm) * hkv
             by_sms = triton.cdiv(2 * num_sms, tiles)
@@ -539,9 +562,6 @@ class TreeAttentionWorkspace:
         return self.counters
 
 
-COMBINE_MODES = ("kernel", "separate")
-
-
 def tree_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -555,10 +575,11 @@ def tree_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     out: torch.Tensor | None = None,
-    combine: str = "kernel",
+    combine: str = "separate",
     workspace: TreeAttentionWorkspace | None = None,
     rule: str = "model",
     num_stages: int | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
 
@@ -573,12 +594,14 @@ def tree_attention(
         num_splits / block_m / block_n / num_stages: override the launch shape (benchmarks, tests)
         out:         optional (T, Hq, D) output buffer, dtype of q, last dim contiguous (static
                      buffers for CUDA graphs)
-        combine:     how splits are merged when num_splits > 1: "kernel" (default: the last split
-                     to finish merges, one launch) or "separate" (a second combine launch)
+        combine:     how splits are merged when num_splits > 1: "separate" (default: a second,
+                     row-parallel combine launch) or "kernel" (the last split to finish merges, one
+                     launch; slower on the H200 wherever it was measured, kernels_2026-12-03)
         workspace:   counters for combine="kernel", shared by all calls of a stream (see
                      `TreeAttentionWorkspace`); without one each split call zeroes fresh counters
                      (one memset launch)
         rule:        num_splits rule when num_splits is None: "model" or "legacy" (`choose_config`)
+        pdl:         programmatic dependent launch of every launch (`swiftspec.kernels.pdl`; Hopper)
     Returns:
         (T, Hq, D), dtype of q (`out` when given); float32 softmax and accumulation.
     Launches: pack (unless packed_mask), attention, and with num_splits > 1 either the combine
@@ -598,12 +621,13 @@ def tree_attention(
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("q, k_cache and v_cache need a contiguous last dimension")
     device = q.device
+    check_pdl(pdl, device)
     if isinstance(prefix_len, torch.Tensor):
         prefix = prefix_len.reshape(1)  # a view: the kernel reads the live value at replay time
     else:
         prefix = torch.full((1,), int(prefix_len), dtype=torch.int32, device=device)
     if packed_mask is None:
-        packed_mask = pack_tree_mask(tree_mask)
+        packed_mask = pack_tree_mask(tree_mask, pdl=pdl)
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
@@ -613,7 +637,7 @@ def tree_attention(
     group = hq // hkv
     cfg = choose_config(
         t, hq, hkv, d, max_len, k_cache.element_size(), _num_sms(device), num_splits, block_m, block_n,
-        rule=rule, num_stages=num_stages,
+        rule=rule, num_stages=num_stages, combine=combine,
     )
     rows = t * group
     m_tiles = triton.cdiv(rows, cfg.block_m)
@@ -644,12 +668,13 @@ def tree_attention(
         packed_mask.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         SPLIT=split, IEEE=ieee or dot_f32, DOT_F32=dot_f32,
-        IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits), PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
     )
     if split and not in_kernel:
-        _combine_kernel[(m_tiles, hkv)](
+        _combine_kernel[(rows, hkv)](
             prefix, part_ml, part_acc, out, t, n, max_len, cfg.num_splits, out.stride(0), out.stride(1),
-            GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=4,
+            GROUP=group, HEAD_DIM=d, BLOCK_N=cfg.block_n, SPLITS_P2=triton.next_power_of_2(cfg.num_splits), PDL=pdl,
+            num_warps=4 if cfg.num_splits * d >= 4096 else 2, **launch_options(pdl),
         )
     return out

@@ -164,11 +164,15 @@ class Transformer(nn.Module):
         self.set_attention(attention)
         self.set_fusion("off")  # load_model picks the device default ("triton" on CUDA)
         self.set_linear("torch")
+        self.set_pdl(False)
 
-    def set_linear(self, impl: str) -> None:
+    def set_linear(self, impl: str, fold_act: bool = False) -> None:
         """How the GEMMs run: "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny-linear
         kernel `swiftspec.kernels.gemv` for forwards of at most `gemv.MAX_ROWS` tokens (a pure weight
-        stream), `F.linear` above that. The choice is per forward shape, so a captured graph holds one."""
+        stream), `F.linear` above that. The choice is per forward shape, so a captured graph holds one.
+        fold_act (with "triton" and fusion "triton"): compute silu(gate) * up inside the down GEMV
+        (`gemv(..., act="silu_mul")`, one launch fewer per layer) instead of its own kernel; off by
+        default until bench_gemv / bench_step_kernels measure it faster."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
         self._gemv, self._gemv_rows = None, 0
@@ -179,12 +183,25 @@ class Transformer(nn.Module):
                 raise UserError(f"the triton linear is not available ({e}); use linear 'torch'") from None
             self._gemv, self._gemv_rows = gemv, MAX_ROWS
         self.linear = impl
+        self.fold_act = bool(fold_act) and impl == "triton"
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`)."""
         if self._gemv is not None and x.shape[0] <= self._gemv_rows:
-            return self._gemv(x.contiguous(), w, b, kind="dot")  # the faster kind at 1-16 rows (bench_gemv)
+            # the faster kind at 1-16 rows (bench_gemv)
+            return self._gemv(x.contiguous(), w, b, kind="dot", pdl=self.pdl)
         return F.linear(x, w, b)
+
+    def set_pdl(self, on: bool) -> None:
+        """Launch the Triton kernels (fusion "triton", attention "triton", linear "triton") as
+        programmatic dependent launches, so each one's launch and ramp-up overlaps the tail of the
+        kernel before it (`swiftspec.kernels.pdl`). Needs a CUDA GPU of compute capability >= 9."""
+        if on:
+            from swiftspec.kernels.pdl import pdl_available
+
+            if not pdl_available(self.device):
+                raise UserError(f"pdl needs a CUDA GPU of compute capability >= 9.0 (model on {self.device})")
+        self.pdl = bool(on)
 
     def set_fusion(self, mode: str | bool) -> None:
         """How the small per-layer ops run (a batch-1 step is launch-bound):
@@ -274,7 +291,7 @@ class Transformer(nn.Module):
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         # per-step mask work done once, shared by every layer (plan once, run per layer)
         allowed = attention_mask(prefix_len, tree_mask, cache.k.shape[2]) if self.attention == "torch" else None
-        packed = self._pack(tree_mask) if self._pack is not None else None
+        packed = self._pack(tree_mask, pdl=self.pdl) if self._pack is not None else None
         nq, nkv = sh.q_heads * hd, sh.kv_heads * hd
         x = self.embed[tokens]
         if self._fused_ops is not None:
@@ -302,25 +319,31 @@ class Transformer(nn.Module):
             return sdpa_tree_attention(q, kc, vc, allowed, self.scale)
         if self._kernel is not None:
             ws = {"workspace": self._workspace} if self._workspace is not None else {}
-            return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, **ws)
+            return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, pdl=self.pdl, **ws)
         return tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
 
     def _layers_triton(self, x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed):
         """The decoder layers and the final norm with fusion "triton": per layer add+RMSNorm, qkv
-        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM.
+        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM
+        (with `fold_act`, silu*up runs inside the down GEMM: 8 launches per layer).
         Each residual add is folded into the next norm (the last into the final norm), so the
         arithmetic is that of the eager loop above. x: (T, hidden) embeddings -> (T, hidden) normed."""
         add_rmsnorm, rope_kv, act = self._fused_ops
-        spec, sh, t = self.spec, self.shard, x.shape[0]
+        spec, sh, t, pdl = self.spec, self.shard, x.shape[0], self.pdl
         nq = sh.q_heads * spec.head_dim
         norms = [layer.attn_norm for layer in self.layers] + [self.norm]
-        h, res = add_rmsnorm(x, None, norms[0], spec.rms_eps)
+        h, res = add_rmsnorm(x, None, norms[0], spec.rms_eps, pdl=pdl)
         for i, layer in enumerate(self.layers):
             kc, vc = cache.k[i], cache.v[i]
-            q = rope_kv(self._lin(h, layer.wqkv, layer.bqkv), cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads)
+            qkv = self._lin(h, layer.wqkv, layer.bqkv)
+            q = rope_kv(qkv, cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads, pdl=pdl)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
             o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo))
-            h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps)
-            down = self._all_reduce(self._lin(act(self._lin(h, layer.w13)), layer.w2))
-            h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps)
+            h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps, pdl=pdl)
+            gate_up = self._lin(h, layer.w13)
+            if self.fold_act and t <= self._gemv_rows:  # silu*up inside the down GEMM
+                down = self._all_reduce(self._gemv(gate_up, layer.w2, kind="dot", pdl=pdl, act="silu_mul"))
+            else:
+                down = self._all_reduce(self._lin(act(gate_up, pdl=pdl), layer.w2))
+            h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps, pdl=pdl)
         return h

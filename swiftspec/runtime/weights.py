@@ -194,6 +194,17 @@ def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
     return "torch" if linear == "auto" else linear
 
 
+PDL_CHOICES = ("auto", "on", "off")
+
+
+def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool:
+    """Whether the model's Triton kernels use programmatic dependent launch (`Transformer.set_pdl`):
+    "on", "off", or "auto" = off until the step is measured faster with it (bench_step_kernels.py)."""
+    if pdl not in PDL_CHOICES:
+        raise UserError(f"pdl must be one of {', '.join(PDL_CHOICES)}, got {pdl!r}")
+    return pdl == "on"
+
+
 def load_model(
     path_or_name: str | Path,
     *,
@@ -207,6 +218,7 @@ def load_model(
     attention: str = "auto",
     fusion: str = "auto",
     linear: str = "auto",
+    pdl: str = "auto",
     num_layers: int | None = None,
 ) -> Transformer:
     """The model of one TP rank. `path_or_name`: checkpoint folder or bundled name (random only).
@@ -220,6 +232,8 @@ def load_model(
     "off" on CPU; or "off", "compile", "triton" (see `Transformer.set_fusion`).
 
     linear: "auto" (see `resolve_linear`), "torch" or "triton" (see `Transformer.set_linear`).
+
+    pdl: "auto" (see `resolve_pdl`), "on" or "off" (see `Transformer.set_pdl`).
 
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
     The returned model carries `model.weights` = "checkpoint" | "random" for labelling outputs.
@@ -244,6 +258,7 @@ def load_model(
     )
     model.set_fusion(fusion)
     model.set_linear(resolve_linear(device, linear))
+    model.set_pdl(resolve_pdl(device, pdl))
     _fill(model, read, names)
     model.weights = weights
     return model.eval()
