@@ -10,9 +10,7 @@ time / calls. Floor = weight bytes / device-to-device copy bandwidth measured in
 Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: the first sweep,
 bench_gemv-2026-12-02a, measured it at 3.7-32x cuBLAS's time at 4-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
 `fma_bn{N}_w{warps}`; kind "dot" (`tl.dot`, rows padded to 16) at BLOCK_N 64/128 x BLOCK_K
-64/128/256 x num_stages 3/5, named `dot_bn{N}_bk{K}_s{stages}`. `--quick`: one config of each. For the down projection also the
-SwiGLU activation before it, at the default config: `silu_mul+dot` (two kernels, as fusion
-"triton" runs them) and `dot_silu_fold` (`gemv(..., act="silu_mul")`, one kernel).
+64/128/256 x num_stages 3/5, named `dot_bn{N}_bk{K}_s{stages}`. `--quick`: one config of each.
 Every variant is checked against float32 `F.linear` (relative error column).
 Writes <out>/bench_gemv-<date>.{json,csv} with run_metadata(); prints a compact table.
 """
@@ -35,13 +33,10 @@ from bench_kernels import ROTATE_BYTES, copy_bandwidth, time_calls  # noqa: E402
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
 from swiftspec.kernels.gemv import gemv  # noqa: E402
-from swiftspec.kernels.silu_mul import silu_mul, silu_mul_ref  # noqa: E402
 
 # Llama-3-8B per-layer linears (N, K) and the LM head
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
-
-ACT_VARIANTS = ("silu_mul+dot", "dot_silu_fold")  # include the activation: not in the per-shape best
 
 
 def main() -> None:
@@ -71,18 +66,9 @@ def main() -> None:
                     (b, k, s) for b in (64, 128) for k in (64, 128, 256) for s in (3, 5)]:
                 variants[f"dot_bn{bn}_bk{bk}_s{ns}"] = (
                     lambda w, bn=bn, bk=bk, ns=ns, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns, kind="dot"))
-            if name == "down":  # the SwiGLU activation: its own kernel, or folded into the down GEMV
-                gu = torch.empty((m, 2 * k), dtype=dtype, device=dev).normal_()
-                variants["silu_mul+dot"] = lambda w, gu=gu: gemv(silu_mul(gu), w, kind="dot")
-                variants["dot_silu_fold"] = lambda w, gu=gu: gemv(gu, w, kind="dot", act="silu_mul")
-                refs = {"silu_mul+dot": F.linear(silu_mul_ref(gu).float(), ws[0].float())}
-                refs["dot_silu_fold"] = refs["silu_mul+dot"]
-            else:
-                refs = {}
             for impl, fn in variants.items():
                 try:  # a config may not fit (shared memory): record it and go on
-                    want = refs.get(impl, ref)
-                    err = float((fn(ws[0]).float() - want).abs().max() / want.abs().max())
+                    err = float((fn(ws[0]).float() - ref).abs().max() / ref.abs().max())
                     us = time_calls([lambda w=w, fn=fn: fn(w) for w in ws], dev)
                 except Exception as e:  # noqa: BLE001
                     rows.append({"rows": m, "layer": name, "n": n, "k": k, "impl": impl, "error": str(e)[:120]})
@@ -92,10 +78,9 @@ def main() -> None:
                              "x_floor": us / floor if floor == floor else float("nan"), "rel_err": err})
             del ws
             done = [r for r in rows[-len(variants):] if "us" in r]
-            best = min((r for r in done[1:] if r["impl"] not in ACT_VARIANTS), key=lambda r: r["us"])
-            act = " ".join(f"{r['impl']} {r['us']:.1f}" for r in done if r["impl"] in ACT_VARIANTS)
+            best = min(done[1:], key=lambda r: r["us"])
             print(f"m={m} {name}: floor {done[0]['floor_us']:.1f} cublas {done[0]['us']:.1f} "
-                  f"best {best['impl']} {best['us']:.1f} us {act}", flush=True)
+                  f"best {best['impl']} {best['us']:.1f} us", flush=True)
     df = pd.DataFrame(rows)
     meta = {**run_metadata(dev), "copy_bandwidth_Bps": bw, "dtype": str(dtype).replace("torch.", ""),
             "weights": "random"}
@@ -105,7 +90,7 @@ def main() -> None:
     atomic_write_text(stem.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n")
     atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
     df = df[df["us"].notna()] if "error" in df else df
-    tri = df[(df["impl"] != "cublas") & ~df["impl"].isin(ACT_VARIANTS)]
+    tri = df[df["impl"] != "cublas"]
     best = tri.loc[tri.groupby(["rows", "layer"])["us"].idxmin()].set_index(["rows", "layer"])
     cub = df[df["impl"] == "cublas"].set_index(["rows", "layer"])
     print(pd.DataFrame({"floor_us": cub["floor_us"], "cublas_us": cub["us"], "best_triton": best["impl"],
@@ -113,10 +98,6 @@ def main() -> None:
                         "triton_x_floor": best["x_floor"]}).round(2).to_string())
     per_cfg = tri.groupby("impl")["x_floor"].median().sort_values()
     print("median x floor per config over all shapes:\n" + per_cfg.round(3).to_string())
-    acts = df[df["impl"].isin(ACT_VARIANTS)]
-    if len(acts):
-        print("down projection with its activation (us):\n"
-              + acts.pivot_table(index="rows", columns="impl", values="us").round(2).to_string())
     print(f"wrote {stem}.json and .csv")
 
 

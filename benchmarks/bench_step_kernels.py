@@ -17,8 +17,11 @@ agreement with "off" (max relative error, argmax agreement) on the same inputs.
 step's GEMMs alone in one graph (the part no small-op fusion can remove), with `F.linear` (cuBLAS)
 and, for <= 16 tokens, the Triton skinny linear (`impl` column). Fusion "triton+gemv" is fusion
 "triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
-a "+fold" suffix folds silu*up into the down GEMV (`set_linear(..., fold_act=True)`) and a "+pdl"
-suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`).
+a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`),
+a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
+combine="kernel")`) instead of the default second launch, and with the skinny linear "+sepact" runs
+silu*up as its own kernel instead of in the gate/up GEMV's epilogue (`set_linear(...,
+act_epilogue=False)`).
 
 Breakdown ("kind" = breakdown, CUDA only, first kv and --breakdown-tokens): torch.profiler over 5
 graph replays of the step: per kernel category (linear, attention, norm, rope_kv, act, other) the
@@ -162,7 +165,9 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             try:
                 fu, *extras = fusion.split("+")
                 model.set_fusion(fu)
-                model.set_linear("triton" if "gemv" in extras else "torch", fold_act="fold" in extras)
+                model.set_linear("triton" if "gemv" in extras else "torch", act_epilogue="sepact" not in extras)
+                if model.attention == "triton":
+                    model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate")
                 model.set_pdl("pdl" in extras)
                 runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
                 base["device_ops_1tok"] = device_ops(model, cache, device) if kv == args.kv[0] else float("nan")
@@ -299,8 +304,9 @@ def main() -> None:
     ap.add_argument("--kv", default="1024,4096")
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
-                         " append +fold (silu*up in the down GEMV) and/or +pdl (programmatic dependent"
-                         " launch), e.g. triton+gemv+fold+pdl")
+                         " append +pdl for programmatic dependent launch and/or +kernelcombine (tree"
+                         " attention's in-kernel combine) and, with gemv, +sepact (silu*up in its own"
+                         " kernel), e.g. triton+gemv+pdl")
     ap.add_argument("--breakdown-tokens", default="1,64",
                     help="token counts whose graph replay gets a per-kernel-category profile (CUDA, first kv)")
     ap.add_argument("--attention", default="triton", help="torch | triton")

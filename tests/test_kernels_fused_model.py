@@ -76,7 +76,7 @@ def steps(model, gen_seed: int) -> tuple[list[torch.Tensor], KVCache]:
     ("llama-tied-llama3", "torch", "triton", "torch"), ("llama-tied-llama3", "triton", "triton", "torch"),
     ("llama-linear-3layers", "ref", "triton", "torch"), ("qwen2-bias", "torch", "triton", "torch"),
     ("llama-tied-llama3", "triton", "triton", "triton"), ("qwen2-bias", "torch", "off", "triton"),
-    ("qwen2-bias", "triton", "triton", "triton+fold"),
+    ("qwen2-bias", "triton", "triton", "triton+sepact"),
 ])  # fmt: skip
 def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, linear):
     """Prefill (20 tokens: F.linear even with linear "triton"), a 9-node verify and a 3-leaf draft
@@ -88,7 +88,7 @@ def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, lin
     for fu, li in (("off", "torch"), (fusion, linear)):
         model = load_model(path, attention=attention, linear=li.split("+")[0])
         model.set_fusion(fu)
-        model.set_linear(model.linear, fold_act="fold" in li)  # silu*up inside the down GEMV
+        model.set_linear(model.linear, act_epilogue="sepact" not in li)  # silu*up: GEMV epilogue or own kernel
         if model._gemv is not None:  # count the skinny-linear calls (a spy; the kernel itself runs)
             kernel = model._gemv
             model._gemv = lambda *a, kernel=kernel, **kw: calls.append(a[0].shape[0]) or kernel(*a, **kw)
@@ -142,6 +142,9 @@ def test_set_fusion_modes(make_checkpoint):
     assert model.fusion == "off"
     with pytest.raises(UserError, match="fusion must be one of off, compile, triton"):
         model.set_fusion("cuda")
+    assert model.attn_combine == "separate"  # tree attention's default merge of split-KV partials
+    with pytest.raises(UserError, match="combine must be"):
+        model.set_attention("triton", combine="atomic")
     assert model.linear == "torch"  # load_model's default on CPU
     with pytest.raises(UserError, match="linear must be one of torch, triton"):
         model.set_linear("cublas")
@@ -150,16 +153,14 @@ def test_set_fusion_modes(make_checkpoint):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("attention,linear,pdl", [("torch", "torch", "off"), ("triton", "torch", "off"),
-                                                  ("triton", "triton", "off"), ("triton", "triton", "on"),
-                                                  ("triton", "triton+fold", "on")])
+                                                  ("triton", "triton", "off"), ("triton", "triton", "on")])
 def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention, linear, pdl):
     from swiftspec.runtime.graphs import GraphRunner
 
     path = make_checkpoint("llama")
     ref_model = load_model(path, device="cuda", attention=attention, fusion="off", linear="torch")
-    model = load_model(path, device="cuda", attention=attention, linear=linear.split("+")[0], pdl=pdl)
+    model = load_model(path, device="cuda", attention=attention, linear=linear, pdl=pdl)
     model.set_fusion("triton")
-    model.set_linear(model.linear, fold_act="fold" in linear)
     gen = torch.Generator().manual_seed(5)
     mask, depth = tree(11, gen)
     toks = torch.randint(0, 256, (11,), generator=gen)

@@ -190,7 +190,8 @@ def test_timeline_cpu_run_without_profile_is_user_error(tmp_path):
 
 
 def test_kernels_from_committed_results(tmp_path):
-    kern = sorted(RESULTS.glob("kernels_*.json"))[-1]
+    kern = sorted(f for f in RESULTS.glob("kernels_2*.json"))[-1]  # the newest grid (not a kernels_fit_ sweep)
+    assert kernels_study.load_results([])[2][0] == kern.name  # the default input picks it too
     step = RESULTS / "bench_step-H200-triton.csv"
     out = run_study("kernels", [kern, step], tmp_path)
     check_written(out, "kernels", [("kv length (cached tokens)", "tree attention latency (µs)"),

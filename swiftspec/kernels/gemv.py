@@ -60,12 +60,22 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 @triton.jit
 def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
                        IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                       BLOCK_K: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
-    ok_n, ok_m = cols < N, rows < M
+    ok_m = rows < M
+    if SWIGLU:
+        # W = gate|up (N = 2F rows): tile row 2i is gate row j, row 2i + 1 is up row j (j = the
+        # program's i-th output column), so each program holds both halves of its outputs and the
+        # epilogue applies the activation; the K loop is the plain one.
+        r = tl.arange(0, BLOCK_N)
+        j = tl.program_id(0) * (BLOCK_N // 2) + r // 2
+        cols = j + (r % 2) * (N // 2)
+        ok_n = j < N // 2
+    else:
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok_n = cols < N
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_first = 0
     if PDL:
@@ -88,41 +98,17 @@ def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BI
         acc = _dot(w, xt, acc, IEEE, UPCAST)
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
-    tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
-             mask=ok_n[:, None] & ok_m[None, :])
-
-
-@triton.jit
-def _skinny_dot_silu_kernel(X, W, Y, M, N, K, stride_x, stride_w, stride_y, IEEE: tl.constexpr,
-                            UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    # As _skinny_dot_kernel with x = silu(gate) * up computed per K tile from X = gate|up (M, 2K),
-    # rounded as `silu_mul` rounds. The pipeliner streams only loads that feed tl.dot directly, so
-    # the gate/up tiles are loaded one K step ahead by hand (else every step waits on DRAM latency).
-    grid_sync(PDL)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, BLOCK_M)
-    ok_n, ok_m = cols < N, rows < M
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    ks = tl.arange(0, BLOCK_K)
-    xmask = (ks < K)[:, None] & ok_m[None, :]
-    g = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=xmask, other=0.0)  # (BLOCK_K, BLOCK_M)
-    u = tl.load(X + rows[None, :] * stride_x + K + ks[:, None], mask=xmask, other=0.0)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & (ks < K)[None, :],
-                    other=0.0)  # (BLOCK_N, BLOCK_K)
-        kn = ks + BLOCK_K
-        nmask = (kn < K)[:, None] & ok_m[None, :]
-        g_next = tl.load(X + rows[None, :] * stride_x + kn[:, None], mask=nmask, other=0.0)
-        u_next = tl.load(X + rows[None, :] * stride_x + K + kn[:, None], mask=nmask, other=0.0)
-        gf = g.to(tl.float32)
-        sg = (gf / (1.0 + tl.exp(-gf))).to(X.dtype.element_ty).to(tl.float32)
-        xt = (sg * u.to(tl.float32)).to(X.dtype.element_ty)
-        acc = _dot(w, xt, acc, IEEE, UPCAST)
-        g, u = g_next, u_next
-    tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
-             mask=ok_n[:, None] & ok_m[None, :])
+    if SWIGLU:
+        # rounded as the unfused path rounds: gate|up stored in Y's dtype, then `silu_mul`
+        acc = acc.to(Y.dtype.element_ty).to(tl.float32)
+        g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))  # (BLOCK_N/2, BLOCK_M)
+        sg = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
+        out = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(Y + rows[None, :] * stride_y + out[:, None], (sg * u).to(Y.dtype.element_ty),
+                 mask=(out < N // 2)[:, None] & ok_m[None, :])
+    else:
+        tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
+                 mask=ok_n[:, None] & ok_m[None, :])
 
 
 @triton.jit
@@ -167,19 +153,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     multiply + sum in float32 (no tensor cores; block_n 16 and 8192 products per K step).
     pdl: launch as a programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs); the dot
     kind then loads its first weight tile before waiting for the previous kernel.
-    act="silu_mul" (dot kind): x is the (M, 2K) gate|up projection and the kernel multiplies by
-    silu(gate) * up computed on the fly, equal to `gemv(silu_mul(x), weight)` bit for bit: the
-    activation of a SwiGLU MLP folded into its down projection (one launch fewer per layer).
+    act="swiglu" (dot kind, no bias): weight is a SwiGLU MLP's fused gate|up (2F, K) and the result
+    is silu(x @ gate.T) * (x @ up.T), (M, F), equal bit for bit to `silu_mul(gemv(x, weight))`: the
+    activation in the GEMV's epilogue instead of its own launch.
     """
-    if act not in (None, "silu_mul") or (act and kind != "dot"):
-        raise ValueError(f"act must be None or 'silu_mul' (dot kind only), got {act!r} with kind {kind!r}")
-    fold = 2 if act else 1  # x holds gate|up: twice the weight's K
-    if act and bias is not None:
-        raise ValueError("act='silu_mul' takes no bias (a SwiGLU down projection has none)")
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != fold * weight.shape[1]:
-        want = "(M, 2K) gate|up" if act else "(M, K)"
-        raise ValueError(f"need x {want} and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
-    m, k = x.shape[0], weight.shape[1]
+    if act not in (None, "swiglu") or (act and (kind != "dot" or bias is not None)):
+        raise ValueError(f"act must be None or 'swiglu' (dot kind, no bias), got {act!r} with kind {kind!r}")
+    if act and weight.shape[0] % 2:
+        raise ValueError(f"act 'swiglu' needs gate|up weights with an even row count, got {weight.shape[0]}")
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
+    m, k = x.shape
     n = weight.shape[0]
     if m > MAX_ROWS:
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {m}: use F.linear")
@@ -188,7 +172,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must be ({n},), got {tuple(bias.shape)}")
     check_pdl(pdl, x.device)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n // 2 if act else n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     stages = {} if num_stages is None else {"num_stages": num_stages}
@@ -202,18 +186,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         room = SHARED_BYTES - (stage_bytes if pdl else 0)
         stages = stages or {"num_stages": max(1, min(5, room // stage_bytes))}
         ieee, upcast = x.dtype == torch.float32 or _interpreted_bf16(x.dtype), _interpreted_bf16(x.dtype)
-        grid = (triton.cdiv(n, bn),)
-        if act:
-            _skinny_dot_silu_kernel[grid](
-                x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), IEEE=ieee, UPCAST=upcast,
-                BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages, **launch_options(pdl),
-            )
-        else:
-            _skinny_dot_kernel[grid](
-                x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0),
-                y.stride(0), HAS_BIAS=bias is not None, IEEE=ieee, UPCAST=upcast, BLOCK_M=16, BLOCK_N=bn,
-                BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages, **launch_options(pdl),
-            )
+        _skinny_dot_kernel[(triton.cdiv(n, bn),)](
+            x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0),
+            y.stride(0), HAS_BIAS=bias is not None, IEEE=ieee, UPCAST=upcast, BLOCK_M=16, BLOCK_N=bn,
+            BLOCK_K=bk, PDL=pdl, SWIGLU=act is not None, num_warps=num_warps, **stages, **launch_options(pdl),
+        )
         return y
     if kind != "fma":
         raise ValueError(f"kind must be 'fma' or 'dot', got {kind!r}")

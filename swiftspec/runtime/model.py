@@ -166,13 +166,12 @@ class Transformer(nn.Module):
         self.set_linear("torch")
         self.set_pdl(False)
 
-    def set_linear(self, impl: str, fold_act: bool = False) -> None:
+    def set_linear(self, impl: str, act_epilogue: bool = True) -> None:
         """How the GEMMs run: "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny-linear
         kernel `swiftspec.kernels.gemv` for forwards of at most `gemv.MAX_ROWS` tokens (a pure weight
         stream), `F.linear` above that. The choice is per forward shape, so a captured graph holds one.
-        fold_act (with "triton" and fusion "triton"): compute silu(gate) * up inside the down GEMV
-        (`gemv(..., act="silu_mul")`, one launch fewer per layer) instead of its own kernel; off by
-        default until bench_gemv / bench_step_kernels measure it faster."""
+        act_epilogue (with "triton" and fusion "triton"): silu(gate) * up runs in the gate|up GEMV's
+        epilogue (`gemv(..., act="swiglu")`, one launch fewer per layer), not in its own kernel."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
         self._gemv, self._gemv_rows = None, 0
@@ -183,7 +182,7 @@ class Transformer(nn.Module):
                 raise UserError(f"the triton linear is not available ({e}); use linear 'torch'") from None
             self._gemv, self._gemv_rows = gemv, MAX_ROWS
         self.linear = impl
-        self.fold_act = bool(fold_act) and impl == "triton"
+        self.act_epilogue = act_epilogue and impl == "triton"
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`)."""
@@ -231,11 +230,16 @@ class Transformer(nn.Module):
             # split-KV combine counters shared by every layer: no memset launch per layer
             self._workspace = TreeAttentionWorkspace(self.device)
 
-    def set_attention(self, impl: str) -> None:
+    def set_attention(self, impl: str, combine: str = "separate") -> None:
         """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
-        (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`."""
+        (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`, whose
+        split-KV partials are merged by `combine` ("separate": a second launch, the default;
+        "kernel": inside the attention launch)."""
         if impl not in ATTENTION_IMPLS:
             raise UserError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
+        if combine not in ("separate", "kernel"):
+            raise UserError(f"combine must be 'separate' or 'kernel', got {combine!r}")
+        self.attn_combine = combine
         self._kernel = self._pack = None
         if impl == "triton":
             try:
@@ -319,13 +323,14 @@ class Transformer(nn.Module):
             return sdpa_tree_attention(q, kc, vc, allowed, self.scale)
         if self._kernel is not None:
             ws = {"workspace": self._workspace} if self._workspace is not None else {}
-            return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, pdl=self.pdl, **ws)
+            return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, pdl=self.pdl,
+                                combine=self.attn_combine, **ws)
         return tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
 
     def _layers_triton(self, x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed):
         """The decoder layers and the final norm with fusion "triton": per layer add+RMSNorm, qkv
-        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM
-        (with `fold_act`, silu*up runs inside the down GEMM: 8 launches per layer).
+        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM (with
+        `act_epilogue` silu*up runs inside the gate/up GEMV: 8 launches per layer).
         Each residual add is folded into the next norm (the last into the final norm), so the
         arithmetic is that of the eager loop above. x: (T, hidden) embeddings -> (T, hidden) normed."""
         add_rmsnorm, rope_kv, act = self._fused_ops
@@ -340,10 +345,10 @@ class Transformer(nn.Module):
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
             o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo))
             h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps, pdl=pdl)
-            gate_up = self._lin(h, layer.w13)
-            if self.fold_act and t <= self._gemv_rows:  # silu*up inside the down GEMM
-                down = self._all_reduce(self._gemv(gate_up, layer.w2, kind="dot", pdl=pdl, act="silu_mul"))
+            if self.act_epilogue and t <= self._gemv_rows:
+                mid = self._gemv(h, layer.w13, kind="dot", pdl=pdl, act="swiglu")
             else:
-                down = self._all_reduce(self._lin(act(gate_up, pdl=pdl), layer.w2))
+                mid = act(self._lin(h, layer.w13), pdl=pdl)
+            down = self._all_reduce(self._lin(mid, layer.w2))
             h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps, pdl=pdl)
         return h

@@ -56,6 +56,11 @@ def _check(df: pd.DataFrame, cols: Sequence[str], path: Path) -> pd.DataFrame:
     return df
 
 
+def _kernel_files(folder: Path) -> list[Path]:
+    """bench_kernels.py grids in date order; not its `--fit-sweep` files (kernels_fit_*: sweeps only)."""
+    return sorted(f for f in folder.glob("kernels_*.json") if not f.name.startswith("kernels_fit_"))
+
+
 def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """(kernel rows, step rows with a `source` column, file names used) from files or folders."""
     files: list[Path] = []
@@ -63,10 +68,10 @@ def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
         p = Path(raw)
         if not p.exists():
             raise UserError(f"study {NAME}: -i {p} not found")
-        files += sorted(p.glob("kernels_*.json")) + sorted(p.glob("bench_step-*.csv")) if p.is_dir() else [p]
+        files += _kernel_files(p) + sorted(p.glob("bench_step-*.csv")) if p.is_dir() else [p]
     if not inputs:
         d = results_dir()
-        kern = sorted(d.glob("kernels_*.json")) if d.is_dir() else []
+        kern = _kernel_files(d) if d.is_dir() else []
         files = kern[-1:] + (sorted(d.glob("bench_step-*.csv")) if d.is_dir() else [])
         if not files:
             raise UserError(f"study {NAME}: no benchmark results in {d}: give -i kernels_<date>.json bench_step-<tag>.csv")
