@@ -19,9 +19,7 @@ and, for <= 16 tokens, the Triton skinny linear (`impl` column). Fusion "triton+
 "triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
 a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`),
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
-combine="kernel")`) instead of the default second launch, and with the skinny linear "+sepact" runs
-silu*up as its own kernel instead of in the gate/up GEMV's epilogue (`set_linear(...,
-act_epilogue=False)`).
+combine="kernel")`) instead of the default second launch.
 
 Breakdown ("kind" = breakdown, CUDA only, first kv and --breakdown-tokens): torch.profiler over 5
 graph replays of the step: per kernel category (linear, attention, norm, rope_kv, act, other) the
@@ -165,7 +163,7 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             try:
                 fu, *extras = fusion.split("+")
                 model.set_fusion(fu)
-                model.set_linear("triton" if "gemv" in extras else "torch", act_epilogue="sepact" not in extras)
+                model.set_linear("triton" if "gemv" in extras else "torch")
                 if model.attention == "triton":
                     model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate")
                 model.set_pdl("pdl" in extras)
@@ -305,8 +303,7 @@ def main() -> None:
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch and/or +kernelcombine (tree"
-                         " attention's in-kernel combine) and, with gemv, +sepact (silu*up in its own"
-                         " kernel), e.g. triton+gemv+pdl")
+                         " attention's in-kernel combine), e.g. triton+gemv+pdl")
     ap.add_argument("--breakdown-tokens", default="1,64",
                     help="token counts whose graph replay gets a per-kernel-category profile (CUDA, first kv)")
     ap.add_argument("--attention", default="triton", help="torch | triton")

@@ -76,7 +76,6 @@ def steps(model, gen_seed: int) -> tuple[list[torch.Tensor], KVCache]:
     ("llama-tied-llama3", "torch", "triton", "torch"), ("llama-tied-llama3", "triton", "triton", "torch"),
     ("llama-linear-3layers", "ref", "triton", "torch"), ("qwen2-bias", "torch", "triton", "torch"),
     ("llama-tied-llama3", "triton", "triton", "triton"), ("qwen2-bias", "torch", "off", "triton"),
-    ("qwen2-bias", "triton", "triton", "triton+sepact"),
 ])  # fmt: skip
 def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, linear):
     """Prefill (20 tokens: F.linear even with linear "triton"), a 9-node verify and a 3-leaf draft
@@ -86,9 +85,8 @@ def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, lin
     results = []
     calls = []
     for fu, li in (("off", "torch"), (fusion, linear)):
-        model = load_model(path, attention=attention, linear=li.split("+")[0])
+        model = load_model(path, attention=attention, linear=li)
         model.set_fusion(fu)
-        model.set_linear(model.linear, act_epilogue="sepact" not in li)  # silu*up: GEMV epilogue or own kernel
         if model._gemv is not None:  # count the skinny-linear calls (a spy; the kernel itself runs)
             kernel = model._gemv
             model._gemv = lambda *a, kernel=kernel, **kw: calls.append(a[0].shape[0]) or kernel(*a, **kw)

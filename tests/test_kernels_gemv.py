@@ -49,30 +49,6 @@ def test_gemv_block_overrides_give_the_same_result(kind):
         torch.testing.assert_close(gemv(x, w, block_n=bn, block_k=bk, kind=kind), a, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,f,k,bn", [(1, 20, 96, None), (5, 33, 130, None), (16, 64, 64, 32), (3, 45, 200, 16)])
-def test_gemv_swiglu_epilogue_equals_silu_mul_after_gemv(dtype, m, f, k, bn):
-    """act="swiglu": the gate|up GEMV with silu(gate) * up in its epilogue equals the two launches
-    it replaces bit for bit (f 33 / 45: the last program's tile is ragged; bn 16: many programs)."""
-    from swiftspec.kernels.silu_mul import silu_mul
-
-    gen = torch.Generator().manual_seed(m + f + k)
-    x, w13 = _rand((m, k), gen, dtype), _rand((2 * f, k), gen, dtype) / 4  # gates on both sides of 0
-    got = gemv(x, w13, act="swiglu", block_n=bn)
-    want = silu_mul(gemv(x, w13, block_n=bn))
-    assert got.shape == (m, f) and got.dtype == dtype
-    assert torch.equal(got, want), float((got.float() - want.float()).abs().max())
-    gate, up = F.linear(x.double(), w13.double()).chunk(2, dim=-1)
-    ref = F.silu(gate) * up
-    assert float((got.double() - ref).abs().max() / ref.abs().max()) <= 2 * TOL[dtype]
-    with pytest.raises(ValueError, match="act must be"):
-        gemv(x, w13, act="gelu")
-    with pytest.raises(ValueError, match="act must be"):
-        gemv(x, w13, torch.ones(2 * f, dtype=dtype, device=DEVICE), act="swiglu")
-    with pytest.raises(ValueError, match="even row count"):
-        gemv(x, w13[1:], act="swiglu")
-
-
 def test_gemv_rejects_bad_shapes():
     x = torch.randn(MAX_ROWS + 1, 8, device=DEVICE)
     with pytest.raises(ValueError, match="at most"):
@@ -102,14 +78,3 @@ def test_gpu_8b_shapes_in_cuda_graph(m, kind):
     graph.replay()
     torch.cuda.synchronize()
     assert float((y.float() - ref).abs().max() / ref.abs().max()) <= 1.6e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("m", [1, 16])
-def test_gpu_swiglu_epilogue_8b_gate_up_shape(m):
-    from swiftspec.kernels.silu_mul import silu_mul
-
-    gen = torch.Generator().manual_seed(m)
-    x, w13 = _rand((m, 4096), gen, torch.bfloat16), _rand((28672, 4096), gen, torch.bfloat16) / 8
-    assert torch.equal(gemv(x, w13, act="swiglu"), silu_mul(gemv(x, w13)))

@@ -60,22 +60,12 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 @triton.jit
 def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
                        IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr):
+                       BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
-    ok_m = rows < M
-    if SWIGLU:
-        # W = gate|up (N = 2F rows): tile row 2i is gate row j, row 2i + 1 is up row j (j = the
-        # program's i-th output column), so each program holds both halves of its outputs and the
-        # epilogue applies the activation; the K loop is the plain one.
-        r = tl.arange(0, BLOCK_N)
-        j = tl.program_id(0) * (BLOCK_N // 2) + r // 2
-        cols = j + (r % 2) * (N // 2)
-        ok_n = j < N // 2
-    else:
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ok_n = cols < N
+    ok_n, ok_m = cols < N, rows < M
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_first = 0
     if PDL:
@@ -98,17 +88,8 @@ def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BI
         acc = _dot(w, xt, acc, IEEE, UPCAST)
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
-    if SWIGLU:
-        # rounded as the unfused path rounds: gate|up stored in Y's dtype, then `silu_mul`
-        acc = acc.to(Y.dtype.element_ty).to(tl.float32)
-        g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))  # (BLOCK_N/2, BLOCK_M)
-        sg = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
-        out = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        tl.store(Y + rows[None, :] * stride_y + out[:, None], (sg * u).to(Y.dtype.element_ty),
-                 mask=(out < N // 2)[:, None] & ok_m[None, :])
-    else:
-        tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
-                 mask=ok_n[:, None] & ok_m[None, :])
+    tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
+             mask=ok_n[:, None] & ok_m[None, :])
 
 
 @triton.jit
@@ -140,8 +121,7 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
-         num_stages: int | None = None, kind: str = "dot", pdl: bool = False,
-         act: str | None = None) -> torch.Tensor:
+         num_stages: int | None = None, kind: str = "dot", pdl: bool = False) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 16 (MAX_ROWS); x and weight need a contiguous last dim. One launch, grid ceil(N / BLOCK_N);
@@ -153,14 +133,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     multiply + sum in float32 (no tensor cores; block_n 16 and 8192 products per K step).
     pdl: launch as a programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs); the dot
     kind then loads its first weight tile before waiting for the previous kernel.
-    act="swiglu" (dot kind, no bias): weight is a SwiGLU MLP's fused gate|up (2F, K) and the result
-    is silu(x @ gate.T) * (x @ up.T), (M, F), equal bit for bit to `silu_mul(gemv(x, weight))`: the
-    activation in the GEMV's epilogue instead of its own launch.
     """
-    if act not in (None, "swiglu") or (act and (kind != "dot" or bias is not None)):
-        raise ValueError(f"act must be None or 'swiglu' (dot kind, no bias), got {act!r} with kind {kind!r}")
-    if act and weight.shape[0] % 2:
-        raise ValueError(f"act 'swiglu' needs gate|up weights with an even row count, got {weight.shape[0]}")
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
     m, k = x.shape
@@ -172,7 +145,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must be ({n},), got {tuple(bias.shape)}")
     check_pdl(pdl, x.device)
-    y = torch.empty((m, n // 2 if act else n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     stages = {} if num_stages is None else {"num_stages": num_stages}
@@ -189,7 +162,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         _skinny_dot_kernel[(triton.cdiv(n, bn),)](
             x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0),
             y.stride(0), HAS_BIAS=bias is not None, IEEE=ieee, UPCAST=upcast, BLOCK_M=16, BLOCK_N=bn,
-            BLOCK_K=bk, PDL=pdl, SWIGLU=act is not None, num_warps=num_warps, **stages, **launch_options(pdl),
+            BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages, **launch_options(pdl),
         )
         return y
     if kind != "fma":

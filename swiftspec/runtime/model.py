@@ -166,12 +166,10 @@ class Transformer(nn.Module):
         self.set_linear("torch")
         self.set_pdl(False)
 
-    def set_linear(self, impl: str, act_epilogue: bool = True) -> None:
+    def set_linear(self, impl: str) -> None:
         """How the GEMMs run: "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny-linear
         kernel `swiftspec.kernels.gemv` for forwards of at most `gemv.MAX_ROWS` tokens (a pure weight
-        stream), `F.linear` above that. The choice is per forward shape, so a captured graph holds one.
-        act_epilogue (with "triton" and fusion "triton"): silu(gate) * up runs in the gate|up GEMV's
-        epilogue (`gemv(..., act="swiglu")`, one launch fewer per layer), not in its own kernel."""
+        stream), `F.linear` above that. The choice is per forward shape, so a captured graph holds one."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
         self._gemv, self._gemv_rows = None, 0
@@ -182,7 +180,6 @@ class Transformer(nn.Module):
                 raise UserError(f"the triton linear is not available ({e}); use linear 'torch'") from None
             self._gemv, self._gemv_rows = gemv, MAX_ROWS
         self.linear = impl
-        self.act_epilogue = act_epilogue and impl == "triton"
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`)."""
@@ -329,8 +326,7 @@ class Transformer(nn.Module):
 
     def _layers_triton(self, x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed):
         """The decoder layers and the final norm with fusion "triton": per layer add+RMSNorm, qkv
-        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM (with
-        `act_epilogue` silu*up runs inside the gate/up GEMV: 8 launches per layer).
+        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM.
         Each residual add is folded into the next norm (the last into the final norm), so the
         arithmetic is that of the eager loop above. x: (T, hidden) embeddings -> (T, hidden) normed."""
         add_rmsnorm, rope_kv, act = self._fused_ops
@@ -345,10 +341,6 @@ class Transformer(nn.Module):
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
             o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo))
             h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps, pdl=pdl)
-            if self.act_epilogue and t <= self._gemv_rows:
-                mid = self._gemv(h, layer.w13, kind="dot", pdl=pdl, act="swiglu")
-            else:
-                mid = act(self._lin(h, layer.w13), pdl=pdl)
-            down = self._all_reduce(self._lin(mid, layer.w2))
+            down = self._all_reduce(self._lin(act(self._lin(h, layer.w13), pdl=pdl), layer.w2))
             h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps, pdl=pdl)
         return h
