@@ -13,7 +13,9 @@ fitted `SplitCostModel` of the combine mode, default) or "legacy" (the first heu
 launch, the last split merges, with a shared TreeAttentionWorkspace as the model would use).
 impl "triton" is the default (model + separate) and is what the goal table judges. Then a
 num_splits sweep (both combine modes) on a few shapes, a num_stages sweep, and kv_move on a
-Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens. `--fit-sweep` instead
+Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens, and tree growth
+(log-softmax + top-8 over the Llama-3 and Qwen2 vocabularies, 1/8/64 rows of float32 logits,
+`swiftspec.kernels.topk` vs the torch ops `DraftTree.grow` runs). `--fit-sweep` instead
 measures every grid shape (and 1 query) at num_splits 1..64 with combine "separate", the data
 `fit_split_model.py` fits `SEPARATE_COST` to.
 
@@ -46,6 +48,7 @@ from tqdm import tqdm
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.kernels.kv_move import kv_move, kv_move_ref
 from swiftspec.kernels.pdl import pdl_available
+from swiftspec.kernels.topk import logsoftmax_topk, logsoftmax_topk_ref
 from swiftspec.kernels.tree_attention import (
     SPLIT_COST,
     TreeAttentionWorkspace,
@@ -269,6 +272,22 @@ def bench_kv_move(layers, hkv, max_len, d, n, dtype, device, bw, gen):
     ]
 
 
+def bench_tree_growth(vocab, t, k, device, bw, gen):
+    """log-softmax + top-k of t rows of float32 logits: Triton (two launches) vs torch (what
+    `DraftTree.grow` runs). One L2-warm set, as in the runtime, where the LM head just wrote the
+    logits (and as the profile's tree_growth op measures it); floor = one read of the logits."""
+    logits = (3 * torch.randn((t, vocab), generator=gen) + 1).to(device)
+    got_v, got_i = logsoftmax_topk(logits, k)
+    ref_v, ref_i = logsoftmax_topk_ref(logits, k)
+    err = float((got_v - ref_v).abs().max()) if torch.equal(got_i, ref_i) else float("inf")
+    floor_us = t * vocab * 4 / bw * 1e6 if bw == bw else float("nan")
+    base = {"vocab": vocab, "queries": t, "k": k, "dtype": "float32", "buffer_sets": 1, "floor_us": floor_us}
+    us = time_calls([lambda: logsoftmax_topk(logits, k)] * 20, device)
+    us_ref = time_calls([lambda: logsoftmax_topk_ref(logits, k)] * 20, device)
+    return [{**base, "impl": "tree_growth_triton", "us": us, "rel_err": err},
+            {**base, "impl": "tree_growth_torch", "us": us_ref, "rel_err": float("nan")}]
+
+
 # --------------------------------------------------------------------------------------- main
 
 
@@ -349,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, stages_sweep=st)
     layers, hkv, max_len, d = kv_shape
     rows += bench_kv_move(layers, hkv, max_len, d, 8, dtype, device, bw, gen)
+    for vocab in [1000] if args.quick else [128256, 151936]:  # Llama-3, Qwen2 vocabularies
+        for t in [1, 4] if args.quick else [1, 8, 64]:
+            rows += bench_tree_growth(vocab, t, 8, device, bw, gen)
     df = pd.DataFrame(rows)
     elapsed = time.perf_counter() - t_start
 
@@ -399,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\ncold (rotating buffers) vs hot (one L2-resident set) tree attention, µs:")
         print(pd.DataFrame({"cold": ours["us"], "hot": hot}).round(1).to_string())
     print(df[df.impl.str.startswith("kv_move")][["impl", "heads", "us", "floor_us", "rel_err"]].round(2).to_string(index=False))
+    tg = df[df.impl.str.startswith("tree_growth")]
+    print("\ntree growth: log-softmax + top-8 of float32 logits (µs):")
+    tgt = tg.pivot_table(index=["vocab", "queries"], columns="impl", values="us")
+    tgt["floor_us"] = tg.groupby(["vocab", "queries"]).floor_us.first()
+    print(tgt.round(2).to_string())
     print("\nvariants (µs): num_splits rule legacy|model x combine separate|kernel (model_separate = default):")
     print(cmp_us.round(1).to_string())
     print("\ntree attention, bf16, batch 1 (µs; ours = model rule + separate combine; floor = bytes / measured copy bw):")
