@@ -17,8 +17,9 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
   writes its partial (running max, sum, unnormalised accumulator) in float32, and the partials are
   merged (log-sum-exp combine) either by a second small kernel, one program per row and KV head
   (combine="separate", default), or in the same launch (combine="kernel": the last split to
-  finish merges, see below; its serial merge made it slower everywhere it was measured). With one
-  split (or one *active* split for this prefix, in-kernel mode) the kernel writes the output itself.
+  finish merges, see below; its serial merge made it slower at 22 of the 24 grid shapes of
+  `kernels_2026-12-03b`). With one split (or one *active* split for this prefix, in-kernel mode)
+  the kernel writes the output itself.
   num_splits comes from a time model fitted to the measured H200 sweep (`SplitCostModel`).
 * **In-kernel combine: memory ordering.** Per (row tile, KV head) an int32 counter, zero on
   entry. An active split (1) stores its partial (all threads), (2) `tl.debug_barrier()` (bar.sync:
@@ -596,7 +597,7 @@ def tree_attention(
                      buffers for CUDA graphs)
         combine:     how splits are merged when num_splits > 1: "separate" (default: a second,
                      row-parallel combine launch) or "kernel" (the last split to finish merges, one
-                     launch; slower on the H200 wherever it was measured, kernels_2026-12-03)
+                     launch; slower at 22 of 24 H200 grid shapes, kernels_2026-12-03b)
         workspace:   counters for combine="kernel", shared by all calls of a stream (see
                      `TreeAttentionWorkspace`); without one each split call zeroes fresh counters
                      (one memset launch)
