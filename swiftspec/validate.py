@@ -369,6 +369,12 @@ def validate(
         prof_label = prof.label
     if prof.meta.get("device", "cuda") != device:
         raise UserError(f"profile {profile} was measured on {prof.meta.get('device')}, not {device}")
+    from swiftspec.runtime.weights import kernel_mismatch
+
+    stale = kernel_mismatch(prof.meta, device)
+    if stale:  # predictions then describe other kernels than the ones that run
+        say(f"warning: the profile's kernels differ from the runtime's ({'; '.join(stale)}): re-profile "
+            "with `swiftspec profile compute` for predictions of what runs")
     acceptance = acceptance or _default_acceptance()
     acc = AcceptanceProfile.load(acceptance) if acceptance else default_acceptance()[0]
     acc_label = acc.label if acc.synthetic else f"synthetic (replay of measured {Path(acceptance).name})"
@@ -417,7 +423,7 @@ def validate(
             "weights": weights, "device": device, "gpus": gpus, "pairs": [list(p) for p in pairs],
             "prompts": len(ids), "prompt_lens": prompt_lens, "tokenized_with": how,
             "max_new_tokens": max_new_tokens, "seed": seed,
-            "host_calibration": host_fit, "load": _load(),
+            "host_calibration": host_fit, "load": _load(), "profile_kernel_mismatch": stale,
             "notes": "predicted: simulated for this run's own workload (prompt lengths, max_new_tokens, the "
                      "rank paths the synthetic verifier replays); measured: decode tokens/s (prefill excluded), "
                      "mean over prompts; forward_ms / host_ms: per iteration, device time of the forwards "
@@ -723,6 +729,8 @@ def format_report(rep: ValidationReport) -> str:
              show.to_string(index=False)]
     if "repredicted" in m:
         lines.insert(0, f"re-predicted: measured in {m['repredicted']['measured_in']}; {m['repredicted']['note']}")
+    if m.get("profile_kernel_mismatch"):
+        lines.insert(1, f"profile kernels differ from the runtime's: {'; '.join(m['profile_kernel_mismatch'])}")
     if s.get("compared"):
         lines.append(f"median |error| {s['median_abs_error_pct']:.2f} %   max |error| {s['max_abs_error_pct']:.2f} % "
                      f"({s['worst']})   over {s['compared']} configurations; goal: {s['goal']}")

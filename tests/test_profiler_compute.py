@@ -17,6 +17,7 @@ from swiftspec.profiler.compute import (
     profile_compute,
     shard_model,
 )
+from swiftspec.runtime.weights import kernel_mismatch
 from swiftspec.spec import ModelSpec, Profile
 
 GRID = ComputeGrid(tps=(1, 2), tokens=(1, 2, 4), kv=(16, 32, 64), compact=(1, 4))
@@ -38,6 +39,9 @@ def test_profile_schema_round_trips(cpu_profile):
     assert prof.meta["source"] == "measured" and prof.meta["device"] == "cpu"
     assert prof.meta["compute"]["grid"]["tokens"] == [1, 2, 4]
     assert prof.label.startswith("measured, cpu, ")
+    # the kernels it timed, so that a later runtime with other defaults is told (validate)
+    assert (prof.meta["attention"], prof.meta["attention_combine"], prof.meta["pdl"]) == ("torch", "-", "off")
+    assert kernel_mismatch(prof.meta, "cpu") == []
     name = ModelSpec.from_config(ckpt).name
     c = prof.compute
     # every grid point of every op is there, once, with positive times

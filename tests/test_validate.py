@@ -33,7 +33,7 @@ from swiftspec.validate import (
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _profile(names: list[str], folder) -> str:
+def _profile(names: list[str], folder, **meta) -> str:
     rows = []
     for name, ms in zip(names, (2.0, 0.5)):
         for t in TOKENS:
@@ -45,7 +45,7 @@ def _profile(names: list[str], folder) -> str:
     rows += [("host", m, 1, 0, 0, 0.3) for m in ("autoregressive", "chain", "serial", "async")]
     compute = pd.DataFrame(rows, columns=["op", "model", "tp", "tokens", "kv_len", "ms"])
     prof = Profile(compute, pd.DataFrame(columns=["collective", "group_size", "bytes", "ms"]),
-                   {"source": "measured", "device": "cpu", "gpu": "cpu", "date": "2026-12-02"})
+                   {"source": "measured", "device": "cpu", "gpu": "cpu", "date": "2026-12-02", **meta})
     prof.save(folder)
     return str(folder)
 
@@ -99,6 +99,29 @@ def test_calibrate_host_rows_feed_the_latency_model(make_checkpoint, tmp_path):
     assert lat.host_ms(Mode.chain) == 0.3  # not calibrated: the profile's row stays
     assert lat.host_expansion_ms(Mode.chain, 4) == 0.0
     AcceptanceModel(acc)
+
+
+def test_profile_measured_with_other_kernels_is_flagged(make_checkpoint, tmp_path):
+    """A profile whose meta.json records other kernels than the runtime's defaults (here: Triton
+    attention with the in-kernel combine, on a CPU run that uses torch attention) gets a warning
+    in the log, the report's meta and its printed table; matching or unrecorded settings do not."""
+    from swiftspec.runtime.weights import kernel_mismatch, kernel_settings
+
+    target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
+    draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
+    names = [target.name, draft.name]
+    assert kernel_mismatch({"source": "measured"}, "cpu") == []
+    assert kernel_mismatch(kernel_settings("cuda"), "cuda") == []
+    assert kernel_mismatch({"attention_combine": "kernel", "pdl": "off"}, "cuda") == [
+        "attention_combine: profile kernel, runtime separate"]
+    prof = _profile(names, tmp_path / "prof", attention="triton", attention_combine="kernel", linear="torch")
+    said = []
+    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
+                   configs=1, prompts=1, max_new_tokens=4, calibrate=False, log=said.append)
+    want = ["attention: profile triton, runtime torch", "attention_combine: profile kernel, runtime -"]
+    assert rep.meta["profile_kernel_mismatch"] == want
+    assert any(line.startswith("warning: the profile's kernels differ") for line in said)
+    assert f"profile kernels differ from the runtime's: {'; '.join(want)}" in format_report(rep)
 
 
 def test_validate_cli_needs_pairs_on_cpu():

@@ -530,10 +530,13 @@ def profile_compute(
         if not vals or any(v < 1 for v in vals):
             raise UserError(f"{name} needs positive integers, got {list(vals)}")
     timing = timing or TimingConfig.for_device(device)
-    from swiftspec.runtime.weights import resolve_kernels, resolve_linear
+    from swiftspec.runtime.weights import kernel_settings, resolve_kernels
 
     attention, fusion = resolve_kernels(device, attention)
-    linear = resolve_linear(device)
+    # what the profiled forwards run: the device defaults, with the attention asked for
+    kernels = {**kernel_settings(device), "attention": attention, "fusion": fusion}
+    if attention != "triton":
+        kernels["attention_combine"] = "-"
     parsed = _parse_models(models)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -640,9 +643,7 @@ def profile_compute(
     meta.update(
         source="measured",
         dtype=dtype,
-        attention=attention,
-        fusion=fusion,
-        linear=linear,
+        **kernels,
         weights="random (real shapes)",
         grid=asdict(grid),
         timing=asdict(timing),

@@ -32,6 +32,7 @@ from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.spec import ModelSpec, Shard, UserError
 
 ATTENTION_IMPLS = ("torch", "ref", "triton")
+ATTENTION_COMBINE = "separate"  # tree attention's default split merge (benchmarks/KERNELS.md, 2026-12-03)
 FUSION_MODES = ("off", "compile", "triton")
 LINEAR_IMPLS = ("torch", "triton")
 
@@ -227,7 +228,7 @@ class Transformer(nn.Module):
             # split-KV combine counters shared by every layer: no memset launch per layer
             self._workspace = TreeAttentionWorkspace(self.device)
 
-    def set_attention(self, impl: str, combine: str = "separate") -> None:
+    def set_attention(self, impl: str, combine: str = ATTENTION_COMBINE) -> None:
         """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
         (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`, whose
         split-KV partials are merged by `combine` ("separate": a second launch, the default;

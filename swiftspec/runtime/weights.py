@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from swiftspec.runtime.model import Transformer
+from swiftspec.runtime.model import ATTENTION_COMBINE, Transformer
 from swiftspec.spec import ModelSpec, UserError, resolve_model_path
 
 WEIGHT_KINDS = ("checkpoint", "random")
@@ -203,6 +203,24 @@ def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool:
     if pdl not in PDL_CHOICES:
         raise UserError(f"pdl must be one of {', '.join(PDL_CHOICES)}, got {pdl!r}")
     return pdl == "on"
+
+
+KERNEL_SETTINGS = ("attention", "attention_combine", "fusion", "linear", "pdl")
+
+
+def kernel_settings(device: str | torch.device) -> dict[str, str]:
+    """The kernels `load_model` picks by default on `device` (the "auto" choices), as a profile's
+    meta.json records them: a profile predicts the runtime only while these agree."""
+    attention, fusion = resolve_kernels(device)
+    return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
+            "fusion": fusion, "linear": resolve_linear(device), "pdl": "on" if resolve_pdl(device) else "off"}
+
+
+def kernel_mismatch(meta: dict, device: str | torch.device) -> list[str]:
+    """The kernel settings where a profile's meta.json differs from today's runtime defaults on
+    `device`, as 'name: profile X, runtime Y' (settings the profile did not record are skipped)."""
+    now = kernel_settings(device)
+    return [f"{k}: profile {meta[k]}, runtime {now[k]}" for k in KERNEL_SETTINGS if k in meta and meta[k] != now[k]]
 
 
 def load_model(
