@@ -326,6 +326,23 @@ def test_split_model_reproduces_committed_sweep(combine):
         assert abs(pred - r.us) <= track * r.us, (r, pred)
 
 
+def test_fit_script_reproduces_the_separate_cost_model(tmp_path):
+    """benchmarks/fit_split_model.py on the committed sweep prints the constants `SEPARATE_COST`
+    holds (to their printed precision); a missing or sweep-less file is one line and exit 2."""
+    import subprocess
+    import sys
+
+    script = RESULTS.parent / "fit_split_model.py"
+    proc = subprocess.run([sys.executable, str(script), str(FIT_CSV)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    fitted = dict(kv.split("=") for kv in proc.stdout.split("(", 1)[1].split(", merge_over")[0].split(", "))
+    for name, value in fitted.items():
+        assert float(value) == pytest.approx(getattr(SEPARATE_COST, name), rel=2e-3, abs=1e-6), name
+    for bad in (tmp_path / "missing.csv", SWEEP_CSV):  # the 2026-12-02 file has no combine column
+        proc = subprocess.run([sys.executable, str(script), str(bad)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+
+
 # ------------------------------------------------------------------------------------- GPU only
 
 

@@ -5,7 +5,7 @@ log-probabilities. In torch that is `torch.topk(torch.log_softmax(logits.float()
 full (T, V) float32 log-softmax written and read back, then a radix select. The measured H200
 profile (`swiftspec/data/profiles/h200-measured/compute.csv`, op tree_growth, vocab 128256, k 8)
 times it at 65–105 µs for 1–64 rows, 7–10 % of a Llama-3.2-1B draft forward (0.85–1.06 ms),
-against a bytes floor of ~1 µs (the logits are read once: 0.5 MB per row).
+against a bytes floor of ≈ 0.1 µs per row (the logits are read once: 0.5 MB per row).
 
 Design: stage 1, grid (T, ceil(V / CHUNK)): each program reads one CHUNK of one row once and
 writes that chunk's max, its sum of exp(x - max), and its own top k (k rounds of "take the max,
