@@ -284,8 +284,23 @@ def bench_tree_growth(vocab, t, k, device, bw, gen):
     base = {"vocab": vocab, "queries": t, "k": k, "dtype": "float32", "buffer_sets": 1, "floor_us": floor_us}
     us = time_calls([lambda: logsoftmax_topk(logits, k)] * 20, device)
     us_ref = time_calls([lambda: logsoftmax_topk_ref(logits, k)] * 20, device)
-    return [{**base, "impl": "tree_growth_triton", "us": us, "rel_err": err},
-            {**base, "impl": "tree_growth_torch", "us": us_ref, "rel_err": float("nan")}]
+    return [{**base, "impl": "tree_growth_triton", "us": us, "rel_err": err,
+             "wall_us": wall_us(lambda: logsoftmax_topk(logits, k))},
+            {**base, "impl": "tree_growth_torch", "us": us_ref, "rel_err": float("nan"),
+             "wall_us": wall_us(lambda: logsoftmax_topk_ref(logits, k))}]
+
+
+def wall_us(fn: Callable[[], tuple[torch.Tensor, torch.Tensor]], reps: int = 50) -> float:
+    """Median host wall µs of an eager `fn()` and `.tolist()` of its outputs (launches + device
+    time + one sync): what `DraftTree.grow` pays per expansion, Python launch overhead included."""
+    for _ in range(3):
+        [x.tolist() for x in fn()]
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        [x.tolist() for x in fn()]
+        times.append((time.perf_counter() - t0) * 1e6)
+    return float(statistics.median(times))
 
 
 # --------------------------------------------------------------------------------------- main
@@ -309,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run under TRITON_INTERPRET=1)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="result folder")
     ap.add_argument("--no-sweep", action="store_true", help="skip the num_splits sweep")
+    ap.add_argument("--tree-growth-only", action="store_true",
+                    help="only the tree-growth rows (log-softmax + top-k): device and wall µs")
     ap.add_argument("--fit-sweep", action="store_true",
                     help="only the data to fit SplitCostModel: every grid shape (and 1 query) x num_splits "
                          "1..64, combine separate; fit with benchmarks/fit_split_model.py")
@@ -336,6 +353,19 @@ def main(argv: list[str] | None = None) -> int:
     bw = copy_bandwidth(device)
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s" if bw == bw else "copy bandwidth: n/a (CPU)")
     rows = []
+    if args.tree_growth_only:
+        for vocab in [1000] if args.quick else [128256, 151936]:
+            for t in [1, 4] if args.quick else [1, 8, 64]:
+                rows += bench_tree_growth(vocab, t, 8, device, bw, gen)
+        df = pd.DataFrame(rows)
+        stem = Path(args.out) / f"tree_growth_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
+        meta = {**run_metadata(device), "copy_bandwidth_Bps": bw, "elapsed_s": time.perf_counter() - t_start}
+        atomic_write_text(stem.with_suffix(".json"), json.dumps(
+            {"metadata": meta, "rows": json.loads(df.to_json(orient="records"))}, indent=1))
+        atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
+        print(df.pivot_table(index=["vocab", "queries"], columns="impl", values=["us", "wall_us"]).round(1).to_string())
+        print(f"wrote {stem}.json and .csv")
+        return 0
     if args.fit_sweep:
         splits = (1, 2) if args.quick else (1, 2, 4, 8, 16, 32, 64)
         for hq, hkv, d in tqdm(heads, desc="fit sweep (head configs)"):

@@ -84,3 +84,23 @@ def test_bad_input():
         logsoftmax_topk(x.t(), 4)
     v, i = logsoftmax_topk(x[:0], 4)
     assert v.shape == (0, 4) and i.shape == (0, 4)
+
+
+def test_tree_growth_switch():
+    """`top_logprobs` (what DraftTree.grow calls): "auto" is the kernel on CUDA and torch on CPU;
+    the kernel path (a vocab-limited, strided slice, as ModelRunner passes it) gives torch's
+    answer, and k above the kernel's MAX_K falls back to torch."""
+    from swiftspec.kernels.topk import MAX_K
+    from swiftspec.runtime.tree import resolve_tree_growth, top_logprobs
+
+    assert resolve_tree_growth("cuda") == "triton" and resolve_tree_growth("cpu") == "torch"
+    assert resolve_tree_growth("cpu", "triton") == "triton"
+    with pytest.raises(ValueError, match="tree growth must be one of"):
+        resolve_tree_growth("cpu", "cub")
+    full = _logits(4, 3000, torch.float32, seed=11)
+    logits = full[:, :2500]  # stride(0) 3000: the kernel must honour it
+    for k in (3, MAX_K + 1):
+        got_v, got_i = top_logprobs(logits, k, impl="triton")
+        ref_v, ref_i = top_logprobs(logits, k, impl="torch")
+        assert torch.equal(got_i, ref_i)
+        torch.testing.assert_close(got_v, ref_v, rtol=0, atol=1e-5)

@@ -204,7 +204,8 @@ def test_tensor_parallel_equals_single_rank(make_checkpoint):
     ("torch", False), ("triton", False),
     pytest.param("triton", True, marks=pytest.mark.xfail(reason="failed once on the H200, not yet diagnosed")),
 ])  # fmt: skip
-def test_graph_runner_matches_eager_on_gpu(make_checkpoint, attention, fused):
+@pytest.mark.parametrize("inputs", ["device", "host"])
+def test_graph_runner_matches_eager_on_gpu(make_checkpoint, attention, fused, inputs):
     from swiftspec.runtime.graphs import GraphRunner
 
     if attention == "triton":
@@ -222,7 +223,33 @@ def test_graph_runner_matches_eager_on_gpu(make_checkpoint, attention, fused):
     prefill(model, graph_cache, list(range(20)))
     runner = GraphRunner(model, graph_cache, buckets=(1, 4, 16), max_tree=32)
     ref = model(args[0], args[1], eager_cache, *args[2:])
+    if inputs == "host":  # what ModelRunner passes: lists and a CPU mask, staged in one copy
+        args = (toks.tolist(), (20 + depth).tolist(), list(range(20, 31)), 20, mask)
     got = runner.run(*args)
     assert runner.eager_calls == 0
     assert rel_err(got, ref) <= 1e-4
     assert torch.equal(graph_cache.k[:, :, :31], eager_cache.k[:, :, :31])
+
+
+@pytest.mark.parametrize("t,b", [(1, 1), (3, 4), (11, 16), (16, 16)])
+def test_static_inputs_stage_writes_inputs_and_padding(t, b):
+    """The one-copy staging leaves in the graph's buffers exactly the call's inputs, padding rows
+    (token 0, position 0, scratch slot, tree slot 0 only) behind them, and rows of an earlier,
+    larger call overwritten."""
+    from swiftspec.runtime.graphs import StaticInputs
+
+    gen = torch.Generator().manual_seed(t)
+    inp = StaticInputs(bmax=16, max_tree=24, scratch_slot=99, device="cpu")
+    inp.stage(list(range(16)), list(range(16)), list(range(16)), 7, torch.ones(16, 24, dtype=torch.bool), 16)
+    toks, pos, slots = (torch.randint(1, 50, (t,), generator=gen) for _ in range(3))
+    n = 5 + t
+    mask = torch.rand(t, n, generator=gen) < 0.5
+    inp.stage(toks.tolist(), pos, slots.tolist(), 42, mask, b)
+    assert torch.equal(inp.tokens[:b], torch.cat([toks, torch.zeros(b - t, dtype=torch.long)]))
+    assert torch.equal(inp.positions[:b], torch.cat([pos, torch.zeros(b - t, dtype=torch.long)]))
+    assert torch.equal(inp.slots[:b], torch.cat([slots, torch.full((b - t,), 99)]))
+    assert inp.prefix_len.item() == 42 and inp.prefix_len.dim() == 0
+    want = torch.zeros(b, 24, dtype=torch.bool)
+    want[:t, :n] = mask
+    want[t:, 0] = True
+    assert torch.equal(inp.tree_mask[:b], want)

@@ -53,7 +53,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.spec import COMM_COLUMNS, Mode, ModelSpec, Profile, TreePolicy, UserError, resolve_model_path
@@ -274,6 +273,7 @@ def profile_shard(job: ShardJob, device: str, dtype: torch.dtype, timer: Timer, 
     from swiftspec.runtime.graphs import GraphRunner
     from swiftspec.runtime.kv_cache import KVCache
     from swiftspec.runtime.model import rms_norm
+    from swiftspec.runtime.tree import top_logprobs
 
     todo = set(job.todo())
     if not todo:
@@ -333,8 +333,8 @@ def profile_shard(job: ShardJob, device: str, dtype: torch.dtype, timer: Timer, 
         k = min(TREE_WIDTH, shard.vocab)
         small = {
             "embed": lambda ids=ids: model.embed[ids],
-            "lm_head": lambda x=x: F.linear(rms_norm(x, model.norm, spec.rms_eps), model.lm_head).float(),
-            "tree_growth": lambda lg=logits, k=k: torch.topk(torch.log_softmax(lg, dim=-1), k, dim=-1),
+            "lm_head": lambda x=x: model._lin(rms_norm(x, model.norm, spec.rms_eps), model.lm_head).float(),
+            "tree_growth": lambda lg=logits, k=k: top_logprobs(lg, k),  # what DraftTree.grow runs
         }
         for op, fn in small.items():
             if (op, job.name, job.tp, t, 0) in todo:

@@ -69,15 +69,14 @@ class ModelRunner:
 
     def _run(self, tokens: list[int], positions: list[int], slots: list[int], tree_mask: torch.Tensor) -> torch.Tensor:
         """Model forward at the current prefix_len. Returns logits (T, vocab) float32."""
-        dev = self.device
-        t = torch.tensor(tokens, dtype=torch.long, device=dev)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        sl = torch.tensor(slots, dtype=torch.long, device=dev)
-        mask = tree_mask.to(dev)
-        if self.graphs is not None:
-            logits = self.graphs.run(t, pos, sl, self.prefix_len, mask)
+        if self.graphs is not None:  # host inputs: staged in pinned memory, one copy (graphs.py)
+            logits = self.graphs.run(tokens, positions, slots, self.prefix_len, tree_mask)
         else:
-            logits = self.model(t, pos, self.cache, sl, self.prefix_len, mask)
+            dev = self.device
+            t = torch.tensor(tokens, dtype=torch.long, device=dev)
+            pos = torch.tensor(positions, dtype=torch.long, device=dev)
+            sl = torch.tensor(slots, dtype=torch.long, device=dev)
+            logits = self.model(t, pos, self.cache, sl, self.prefix_len, tree_mask.to(dev))
         return logits if self.vocab_limit is None else logits[:, : self.vocab_limit]
 
     def _check_room(self, tree_slots: int) -> None:

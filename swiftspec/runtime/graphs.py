@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from swiftspec.runtime.kv_cache import KVCache
@@ -54,13 +55,10 @@ class GraphRunner:
             self._capture(warmup)
 
     def _capture(self, warmup: int) -> None:
-        dev, bmax = self.model.device, self.buckets[-1]
-        self.tokens = torch.zeros(bmax, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(bmax, dtype=torch.long, device=dev)
-        self.slots = torch.full((bmax,), self.cache.scratch_slot, dtype=torch.long, device=dev)
-        self.prefix_len = torch.zeros((), dtype=torch.long, device=dev)
-        self.tree_mask = torch.zeros(bmax, self.max_tree, dtype=torch.bool, device=dev)
-        self.tree_mask[:, 0] = True
+        bmax = self.buckets[-1]
+        self.inputs = StaticInputs(bmax, self.max_tree, self.cache.scratch_slot, self.model.device)
+        self.tokens, self.positions, self.slots = self.inputs.tokens, self.inputs.positions, self.inputs.slots
+        self.prefix_len, self.tree_mask = self.inputs.prefix_len, self.inputs.tree_mask
         pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory
             args = (self.tokens[:b], self.positions[:b], self.cache, self.slots[:b], self.prefix_len,
@@ -83,22 +81,41 @@ class GraphRunner:
 
     def run(
         self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
+        tokens: torch.Tensor | Sequence[int],
+        positions: torch.Tensor | Sequence[int],
+        slots: torch.Tensor | Sequence[int],
         prefix_len: torch.Tensor | int,
         tree_mask: torch.Tensor,
     ) -> torch.Tensor:
-        """Same arguments and result as `Transformer.forward` (minus the cache, fixed here)."""
-        t, n = tokens.shape[0], tree_mask.shape[1]
+        """Same arguments and result as `Transformer.forward` (minus the cache, fixed here).
+
+        Host inputs (lists or CPU tensors, prefix_len an int, a CPU mask: what `ModelRunner`
+        passes) reach the graph's static buffers in one copy from pinned memory; device tensors
+        are copied buffer by buffer on the device.
+        """
+        t, n = len(tokens), tree_mask.shape[1]
         b = self.bucket(t) if self.use_graphs else None
         if b is None or n > self.max_tree:
             if self.use_graphs:
                 self.eager_calls += 1
+            dev = self.model.device
+            tokens, positions, slots, tree_mask = (torch.as_tensor(x, dtype=dt, device=dev) for x, dt in (
+                (tokens, torch.long), (positions, torch.long), (slots, torch.long), (tree_mask, torch.bool)))
             return self.model(tokens, positions, self.cache, slots, prefix_len, tree_mask)
-        self.tokens[:t].copy_(tokens, non_blocking=True)
-        self.positions[:t].copy_(positions, non_blocking=True)
-        self.slots[:t].copy_(slots, non_blocking=True)
+        if isinstance(prefix_len, int) and not any(
+            isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in (tokens, positions, slots, tree_mask)
+        ):
+            self.inputs.stage(tokens, positions, slots, prefix_len, tree_mask, b)
+        else:
+            self._copy_on_device(tokens, positions, slots, prefix_len, tree_mask, b)
+        self.graphs[b].replay()
+        return self.outputs[b][:t].clone()
+
+    def _copy_on_device(self, tokens, positions, slots, prefix_len, tree_mask, b: int) -> None:
+        t, n = len(tokens), tree_mask.shape[1]
+        self.tokens[:t].copy_(torch.as_tensor(tokens), non_blocking=True)
+        self.positions[:t].copy_(torch.as_tensor(positions), non_blocking=True)
+        self.slots[:t].copy_(torch.as_tensor(slots), non_blocking=True)
         if t < b:
             self.tokens[t:b].zero_()
             self.positions[t:b].zero_()
@@ -111,8 +128,61 @@ class GraphRunner:
         mask.zero_()
         mask[:t, :n].copy_(tree_mask, non_blocking=True)
         mask[t:, 0] = True
-        self.graphs[b].replay()
-        return self.outputs[b][:t].clone()
+
+
+class StaticInputs:
+    """A graph's static inputs as views of ONE device byte buffer, filled from a pinned host copy.
+
+    Layout (bytes): tokens, positions, slots (bmax int64 each), prefix_len (one int64), then the
+    tree mask (bmax, max_tree) bool. `stage` writes a call's inputs, padding rows included, into
+    the host buffer with numpy and moves them with one host-to-device copy, instead of ~10 small
+    copies and fills: each costs host time on the step's critical path (DESIGN.md: host work).
+    """
+
+    def __init__(self, bmax: int, max_tree: int, scratch_slot: int, device: torch.device | str):
+        device = torch.device(device)
+        self.bmax, self.max_tree, self.scratch_slot = bmax, max_tree, scratch_slot
+        self.int_bytes = 8 * (3 * bmax + 1)
+        total = self.int_bytes + bmax * max_tree
+        self.device_buf = torch.zeros(total, dtype=torch.uint8, device=device)
+        self.host_buf = torch.zeros(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        ints = self.device_buf[: self.int_bytes].view(torch.long)
+        self.tokens, self.positions, self.slots = ints[:bmax], ints[bmax : 2 * bmax], ints[2 * bmax : 3 * bmax]
+        self.prefix_len = ints[3 * bmax]  # 0-dim view: the graphs read it in place
+        self.tree_mask = self.device_buf[self.int_bytes :].view(torch.bool).view(bmax, max_tree)
+        host = self.host_buf.numpy()
+        self._h_ints = host[: self.int_bytes].view(np.int64)
+        self._h_mask = host[self.int_bytes :].view(np.bool_).reshape(bmax, max_tree)
+        # until the first call, every row is padding (the capture's warm-up forwards run on these)
+        self._h_ints[2 * bmax : 3 * bmax] = scratch_slot
+        self._h_mask[:, 0] = True
+        self.device_buf.copy_(self.host_buf)
+        # the host buffer may be rewritten only after the previous copy has read it
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    def stage(self, tokens, positions, slots, prefix_len: int, tree_mask: torch.Tensor, b: int) -> None:
+        """Write one call's inputs for bucket b (>= T = len(tokens)) into the static buffers.
+
+        tokens, positions, slots: (T,) ints (lists or CPU tensors); tree_mask: (T, N) bool, CPU,
+        N <= max_tree. Rows T..b-1 are padding: token 0 at position 0 writing the scratch slot and
+        attending only to tree slot 0.
+        """
+        t, n, m = len(tokens), tree_mask.shape[1], self.bmax
+        if self._copied is not None:
+            self._copied.synchronize()
+        h = self._h_ints
+        for start, vals, pad in ((0, tokens, 0), (m, positions, 0), (2 * m, slots, self.scratch_slot)):
+            h[start : start + t] = vals.numpy() if isinstance(vals, torch.Tensor) else vals
+            h[start + t : start + b] = pad
+        h[3 * m] = prefix_len
+        mask = self._h_mask[:b]
+        mask.fill(False)
+        mask[:t, :n] = tree_mask.numpy()
+        mask[t:, 0] = True
+        nbytes = self.int_bytes + b * self.max_tree
+        self.device_buf[:nbytes].copy_(self.host_buf[:nbytes], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from swiftspec.spec import TreePolicy
@@ -142,10 +143,11 @@ class DraftTree:
             assert self.slots[n] < 0, "node forwarded twice"
             self.slots[n] = self.num_slots
             self.num_slots += 1
-        mask = torch.zeros(len(batch), self.num_slots, dtype=torch.bool)
+        mask = np.zeros((len(batch), self.num_slots), dtype=np.bool_)  # numpy: ~10x cheaper per row than torch
         for i, n in enumerate(batch):
             mask[i, [self.slots[a] for a in self.path_to(n)]] = True
-        return [self.tokens[n] for n in batch], [self.depths[n] for n in batch], [self.slots[n] for n in batch], mask
+        return ([self.tokens[n] for n in batch], [self.depths[n] for n in batch], [self.slots[n] for n in batch],
+                torch.from_numpy(mask))
 
     def grow(self, batch: Sequence[int], logits: torch.Tensor) -> None:
         """Add the draft's top-ranked tokens under every node of `batch`.
@@ -158,8 +160,7 @@ class DraftTree:
         else:
             counts = [self.policy.w] * len(batch)
         k = min(max(counts), logits.shape[-1])
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        values, indices = torch.topk(logprobs, k, dim=-1)
+        values, indices = top_logprobs(logits, k)
         values, indices = values.tolist(), indices.tolist()  # one device sync per expansion
         rank_lp = self.rank_logprobs
         if rank_lp is not None and len(rank_lp) < k:
@@ -197,10 +198,11 @@ class DraftTree:
         mask[i, j] iff selected[j] is selected[i] or one of its ancestors.
         """
         pos = {n: i for i, n in enumerate(selected)}
-        mask = torch.zeros(len(selected), len(selected), dtype=torch.bool)
+        mask = np.zeros((len(selected), len(selected)), dtype=np.bool_)
         for i, n in enumerate(selected):
             mask[i, [pos[a] for a in self.path_to(n)]] = True
-        return [self.tokens[n] for n in selected], [self.depths[n] for n in selected], list(range(len(selected))), mask
+        return ([self.tokens[n] for n in selected], [self.depths[n] for n in selected], list(range(len(selected))),
+                torch.from_numpy(mask))
 
     # ---- re-rooting -----------------------------------------------------------------------
 
@@ -235,6 +237,31 @@ class DraftTree:
                 tree.slots[i] = slot_map[self.slots[old]]
         tree.num_slots = len(old_slots)
         return tree, old_slots
+
+
+TREE_GROWTH_CHOICES = ("auto", "torch", "triton")
+
+
+def resolve_tree_growth(device: str | torch.device, impl: str = "auto") -> str:
+    """How `top_logprobs` runs on `device`: "auto" = the Triton kernel on CUDA (measured faster
+    than torch, benchmarks/KERNELS.md "Tree growth"), torch elsewhere."""
+    if impl not in TREE_GROWTH_CHOICES:
+        raise ValueError(f"tree growth must be one of {', '.join(TREE_GROWTH_CHOICES)}, got {impl!r}")
+    if impl == "auto":
+        return "triton" if torch.device(device).type == "cuda" else "torch"
+    return impl
+
+
+def top_logprobs(logits: torch.Tensor, k: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest log-probabilities of each row, largest first: (values (T, k) float32,
+    indices (T, k) int64) of log_softmax(logits (T, V)). What tree growth runs after every draft
+    forward; impl: see `resolve_tree_growth` (the kernel takes k <= 64, torch any k)."""
+    if resolve_tree_growth(logits.device, impl) == "triton" and logits.stride(-1) == 1:
+        from swiftspec.kernels.topk import MAX_K, logsoftmax_topk  # imports triton: only when used
+
+        if k <= MAX_K:
+            return logsoftmax_topk(logits, k)
+    return torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
 
 
 def tree_slots_needed(policy: TreePolicy) -> int:

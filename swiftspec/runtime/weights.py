@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from swiftspec.runtime.model import ATTENTION_COMBINE, Transformer
+from swiftspec.runtime.tree import resolve_tree_growth
 from swiftspec.spec import ModelSpec, UserError, resolve_model_path
 
 WEIGHT_KINDS = ("checkpoint", "random")
@@ -189,9 +190,12 @@ def resolve_kernels(device: str | torch.device, attention: str = "auto", fusion:
 
 
 def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
-    """`linear` with "auto" replaced by the device's default: "torch" (`F.linear`) everywhere until
-    the Triton skinny linear is measured faster than cuBLAS (benchmarks/bench_gemv.py)."""
-    return "torch" if linear == "auto" else linear
+    """`linear` with "auto" replaced by the device's default: the Triton skinny linear on CUDA
+    (forwards of <= 16 tokens; the Llama-3-8B step 4-10 % faster at 1-16 tokens in every H200 run,
+    the 1B draft within run-to-run noise, benchmarks/KERNELS.md), `F.linear` on CPU."""
+    if linear == "auto":
+        return "triton" if torch.device(device).type == "cuda" else "torch"
+    return linear
 
 
 PDL_CHOICES = ("auto", "on", "off")
@@ -205,7 +209,7 @@ def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool:
     return pdl == "on"
 
 
-KERNEL_SETTINGS = ("attention", "attention_combine", "fusion", "linear", "pdl")
+KERNEL_SETTINGS = ("attention", "attention_combine", "fusion", "linear", "pdl", "tree_growth")
 
 
 def kernel_settings(device: str | torch.device) -> dict[str, str]:
@@ -213,7 +217,8 @@ def kernel_settings(device: str | torch.device) -> dict[str, str]:
     meta.json records them: a profile predicts the runtime only while these agree."""
     attention, fusion = resolve_kernels(device)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
-            "fusion": fusion, "linear": resolve_linear(device), "pdl": "on" if resolve_pdl(device) else "off"}
+            "fusion": fusion, "linear": resolve_linear(device), "pdl": "on" if resolve_pdl(device) else "off",
+            "tree_growth": resolve_tree_growth(device)}
 
 
 def kernel_mismatch(meta: dict, device: str | torch.device) -> list[str]:

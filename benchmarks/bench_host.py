@@ -1,0 +1,124 @@
+"""Host work per decode iteration: graph inputs staged in one copy vs copied buffer by buffer.
+
+`swiftspec validate` found the autoregressive step's host work 0.1-0.2 ms above its calibration
+(runs 4 and 5). Before the change, every forward built four device tensors from Python lists
+(four synchronous host-to-device copies from pageable memory) and `GraphRunner.run` then ran
+about ten small device ops into the graph's static buffers. Now `ModelRunner` hands the lists to
+`GraphRunner`, which writes them into one pinned host buffer and moves them in one copy
+(`graphs.StaticInputs`). This benchmark runs both, alternating, in one process.
+
+Models: narrow stand-ins (`validate.stand_in_config`: the real vocabulary and layer count, hidden
+64) of the given bundled models, random weights, so the forwards' device time is small and is
+subtracted exactly (`validate.replay_ms`, as `validate` calibrates host work). Modes:
+autoregressive, and serial bs8-w4-d3 with the model as its own draft (greedy; trees are accepted
+deeply, KV compaction runs every iteration).
+
+host_ms per iteration = (decode wall ms - sum over replays of the graph's replay ms) / iterations;
+median over `--reps` decodes per variant. Writes benchmarks/results/bench_host-<date>.{json,csv}.
+
+    python benchmarks/bench_host.py                                   # on the H200: ~1 minute
+    python benchmarks/bench_host.py --device cpu --models Llama-3.2-1B --reps 1 --new-tokens 4 \
+        --out /tmp/bh                                                 # CPU smoke run (eager)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from swiftspec.files import atomic_write_text, run_metadata
+from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
+from swiftspec.runtime.generate import GenerateConfig, generate
+from swiftspec.runtime.graphs import ForwardClock
+from swiftspec.spec import Mode, ModelSpec, TreePolicy
+from swiftspec.validate import _stand_in_model, replay_ms
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class DeviceCopyRunner(ModelRunner):
+    """`ModelRunner` as it was before the one-copy staging (kept here for the A/B): four
+    host-to-device tensors per forward, then `GraphRunner.run`'s per-buffer device copies."""
+
+    def _run(self, tokens, positions, slots, tree_mask):
+        dev = self.device
+        args = [torch.tensor(x, dtype=torch.long, device=dev) for x in (tokens, positions, slots)]
+        if self.graphs is not None:
+            logits = self.graphs.run(*args, self.prefix_len, tree_mask.to(dev))
+        else:
+            logits = self.model(args[0], args[1], self.cache, args[2], self.prefix_len, tree_mask.to(dev))
+        return logits if self.vocab_limit is None else logits[:, : self.vocab_limit]
+
+
+VARIANTS = {"staged": ModelRunner, "device_copies": DeviceCopyRunner}
+MODES = {"autoregressive": (Mode.autoregressive, TreePolicy.autoregressive()),
+         "serial-bs8-w4-d3": (Mode.serial, TreePolicy(bs=8, w=4, d=3))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="Llama-3.2-1B,Llama-3-8B", help="bundled names (their stand-ins run)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--reps", type=int, default=5, help="decodes per (model, mode, variant), after one warm-up")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name in args.models.split(","):
+        spec = ModelSpec.from_config(name)
+        model = _stand_in_model(spec, args.device)
+        prompt = torch.randint(0, spec.vocab, (24,), generator=gen).tolist()
+        runners = {v: (cls(model, 1024), cls(model, 1024)) for v, cls in VARIANTS.items()}
+        clocks = {}
+        for v, pair in runners.items():
+            fixed = {id(r): replay_ms(r) for r in pair}
+            clocks[v] = ForwardClock(list(pair), fixed_ms=fixed)
+        for mode_name, (mode, policy) in MODES.items():
+            samples = {v: [] for v in VARIANTS}
+            for rep in range(args.reps + 1):
+                for v, (target, draft) in runners.items():  # alternate: drifts hit both alike
+                    for r in (target, draft):
+                        r.prefix_len, r.tree_len, r.pending = 0, 0, []
+                    clocks[v].take()
+                    spec_mode = mode is not Mode.autoregressive
+                    res = generate(target, draft if spec_mode else None, prompt,
+                                   GenerateConfig(mode=mode, policy=policy, max_new_tokens=args.new_tokens))
+                    if args.device == "cuda":
+                        torch.cuda.synchronize()
+                    skip = -(-(len(prompt) - 1) // PREFILL_CHUNK) * (2 if spec_mode else 1)
+                    fwd = clocks[v].take(skip)
+                    if rep:
+                        samples[v].append(((res.decode_s * 1e3 - fwd) / res.iterations, res.tokens_per_s,
+                                           res.iterations, res.mean_accepted))
+            for v, s in samples.items():
+                rows.append({"model": name, "stand_in": f"{spec.num_layers} layers, vocab {spec.vocab}, hidden 64",
+                             "mode": mode_name, "variant": v,
+                             "host_ms": statistics.median(x[0] for x in s),
+                             "host_ms_min": min(x[0] for x in s), "host_ms_max": max(x[0] for x in s),
+                             "tokens_per_s": statistics.median(x[1] for x in s),
+                             "iterations": s[0][2], "mean_accepted": s[0][3], "reps": len(s)})
+            print(pd.DataFrame(rows[-len(samples):])[["model", "mode", "variant", "host_ms", "tokens_per_s"]]
+                  .to_string(index=False, header=False), flush=True)
+        del runners, clocks, model
+    df = pd.DataFrame(rows)
+    meta = {**run_metadata(args.device), "weights": "random (narrow stand-ins)", "new_tokens": args.new_tokens,
+            "prompt_tokens": 24}
+    stem = Path(args.out) / f"bench_host-{dt.date.today().isoformat()}"
+    atomic_write_text(stem.with_suffix(".json"), json.dumps(
+        {"metadata": meta, "rows": json.loads(df.to_json(orient="records"))}, indent=1))
+    atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
+    print(df.pivot_table(index=["model", "mode"], columns="variant", values="host_ms").round(3).to_string())
+    print(f"wrote {stem}.json and .csv ({time.strftime('%H:%M:%S')})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
