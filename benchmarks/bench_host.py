@@ -48,12 +48,11 @@ class DeviceCopyRunner(ModelRunner):
     host-to-device tensors per forward, then `GraphRunner.run`'s per-buffer device copies."""
 
     def _run(self, tokens, positions, slots, tree_mask):
+        if self.graphs is None:  # eager: the same as ModelRunner
+            return super()._run(tokens, positions, slots, tree_mask)
         dev = self.device
         args = [torch.tensor(x, dtype=torch.long, device=dev) for x in (tokens, positions, slots)]
-        if self.graphs is not None:
-            logits = self.graphs.run(*args, self.prefix_len, tree_mask.to(dev))
-        else:
-            logits = self.model(args[0], args[1], self.cache, args[2], self.prefix_len, tree_mask.to(dev))
+        logits = self.graphs.run(*args, self.prefix_len, tree_mask.to(dev))
         return logits if self.vocab_limit is None else logits[:, : self.vocab_limit]
 
 

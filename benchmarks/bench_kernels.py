@@ -290,6 +290,18 @@ def bench_tree_growth(vocab, t, k, device, bw, gen):
              "wall_us": wall_us(lambda: logsoftmax_topk_ref(logits, k))}]
 
 
+def tree_growth_grid(quick: bool) -> list[tuple[int, int]]:
+    """(vocab, rows) of the tree-growth rows: the Llama-3 and Qwen2 vocabularies at 1, 8, 64 rows."""
+    return [(v, t) for v in ([1000] if quick else [128256, 151936]) for t in ([1, 4] if quick else [1, 8, 64])]
+
+
+def write_rows(stem: Path, df: pd.DataFrame, meta: dict) -> None:
+    """stem.json ({metadata, rows}) and stem.csv, each written atomically."""
+    atomic_write_text(stem.with_suffix(".json"), json.dumps(
+        {"metadata": meta, "rows": json.loads(df.to_json(orient="records"))}, indent=1))
+    atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
+
+
 def wall_us(fn: Callable[[], tuple[torch.Tensor, torch.Tensor]], reps: int = 50) -> float:
     """Median host wall µs of an eager `fn()` and `.tolist()` of its outputs (launches + device
     time + one sync): what `DraftTree.grow` pays per expansion, Python launch overhead included."""
@@ -354,15 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s" if bw == bw else "copy bandwidth: n/a (CPU)")
     rows = []
     if args.tree_growth_only:
-        for vocab in [1000] if args.quick else [128256, 151936]:
-            for t in [1, 4] if args.quick else [1, 8, 64]:
-                rows += bench_tree_growth(vocab, t, 8, device, bw, gen)
+        for vocab, t in tree_growth_grid(args.quick):
+            rows += bench_tree_growth(vocab, t, 8, device, bw, gen)
         df = pd.DataFrame(rows)
         stem = Path(args.out) / f"tree_growth_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
-        meta = {**run_metadata(device), "copy_bandwidth_Bps": bw, "elapsed_s": time.perf_counter() - t_start}
-        atomic_write_text(stem.with_suffix(".json"), json.dumps(
-            {"metadata": meta, "rows": json.loads(df.to_json(orient="records"))}, indent=1))
-        atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
+        write_rows(stem, df, {**run_metadata(device), "copy_bandwidth_Bps": bw,
+                              "elapsed_s": time.perf_counter() - t_start})
         print(df.pivot_table(index=["vocab", "queries"], columns="impl", values=["us", "wall_us"]).round(1).to_string())
         print(f"wrote {stem}.json and .csv")
         return 0
@@ -377,10 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                         torch.cuda.empty_cache()
         df = pd.DataFrame(rows)
         stem = Path(args.out) / f"kernels_fit_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
-        meta = {**run_metadata(device), "copy_bandwidth_Bps": bw, "elapsed_s": time.perf_counter() - t_start}
-        atomic_write_text(stem.with_suffix(".json"), json.dumps(
-            {"metadata": meta, "rows": json.loads(df.to_json(orient="records"))}, indent=1))
-        atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
+        write_rows(stem, df, {**run_metadata(device), "copy_bandwidth_Bps": bw,
+                              "elapsed_s": time.perf_counter() - t_start})
         print(df.pivot_table(index=["heads", "kv", "queries", "model_splits"], columns="num_splits", values="us")
               .round(1).to_string())
         print(f"wrote {stem}.json and .csv")
@@ -398,9 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, stages_sweep=st)
     layers, hkv, max_len, d = kv_shape
     rows += bench_kv_move(layers, hkv, max_len, d, 8, dtype, device, bw, gen)
-    for vocab in [1000] if args.quick else [128256, 151936]:  # Llama-3, Qwen2 vocabularies
-        for t in [1, 4] if args.quick else [1, 8, 64]:
-            rows += bench_tree_growth(vocab, t, 8, device, bw, gen)
+    for vocab, t in tree_growth_grid(args.quick):
+        rows += bench_tree_growth(vocab, t, 8, device, bw, gen)
     df = pd.DataFrame(rows)
     elapsed = time.perf_counter() - t_start
 
