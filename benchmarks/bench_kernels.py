@@ -48,7 +48,7 @@ from tqdm import tqdm
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.kernels.kv_move import kv_move, kv_move_ref
 from swiftspec.kernels.pdl import pdl_available
-from swiftspec.kernels.topk import logsoftmax_topk, logsoftmax_topk_ref
+from swiftspec.kernels.topk import logsoftmax_topk, logsoftmax_topk_packed, logsoftmax_topk_ref
 from swiftspec.kernels.tree_attention import (
     SPLIT_COST,
     TreeAttentionWorkspace,
@@ -58,6 +58,7 @@ from swiftspec.kernels.tree_attention import (
     tree_attention,
 )
 from swiftspec.runtime.attention import tree_attention_ref
+from swiftspec.runtime.tree import top_logprobs_host
 
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 3 * L2_BYTES  # bytes touched per graph replay, so each call reads cold lines
@@ -284,10 +285,18 @@ def bench_tree_growth(vocab, t, k, device, bw, gen):
     base = {"vocab": vocab, "queries": t, "k": k, "dtype": "float32", "buffer_sets": 1, "floor_us": floor_us}
     us = time_calls([lambda: logsoftmax_topk(logits, k)] * 20, device)
     us_ref = time_calls([lambda: logsoftmax_topk_ref(logits, k)] * 20, device)
+
+    def two_copies(fn):  # the path before one packed copy: .tolist() of values, then of indices
+        return lambda: [x.tolist() for x in fn(logits, k)]
+
     return [{**base, "impl": "tree_growth_triton", "us": us, "rel_err": err,
-             "wall_us": wall_us(lambda: logsoftmax_topk(logits, k))},
+             "wall_us": wall_us(lambda: top_logprobs_host(logits, k, "triton")),
+             "wall_us_two_copies": wall_us(two_copies(logsoftmax_topk)),
+             "launch_us": launch_us(lambda: logsoftmax_topk_packed(logits, k), device)},
             {**base, "impl": "tree_growth_torch", "us": us_ref, "rel_err": float("nan"),
-             "wall_us": wall_us(lambda: logsoftmax_topk_ref(logits, k))}]
+             "wall_us": wall_us(lambda: top_logprobs_host(logits, k, "torch")),
+             "wall_us_two_copies": wall_us(two_copies(logsoftmax_topk_ref)),
+             "launch_us": launch_us(lambda: logsoftmax_topk_ref(logits, k), device)}]
 
 
 def tree_growth_grid(quick: bool) -> list[tuple[int, int]]:
@@ -302,16 +311,35 @@ def write_rows(stem: Path, df: pd.DataFrame, meta: dict) -> None:
     atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
 
 
-def wall_us(fn: Callable[[], tuple[torch.Tensor, torch.Tensor]], reps: int = 50) -> float:
-    """Median host wall µs of an eager `fn()` and `.tolist()` of its outputs (launches + device
-    time + one sync): what `DraftTree.grow` pays per expansion, Python launch overhead included."""
+def wall_us(fn: Callable[[], object], reps: int = 50) -> float:
+    """Median host wall µs of `fn()`, which launches, syncs and brings its answer to the host:
+    what `DraftTree.grow` pays per expansion, Python launch overhead included."""
     for _ in range(3):
-        [x.tolist() for x in fn()]
+        fn()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        [x.tolist() for x in fn()]
+        fn()
         times.append((time.perf_counter() - t0) * 1e6)
+    return float(statistics.median(times))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def launch_us(fn: Callable[[], object], device: str, reps: int = 50) -> float:
+    """Median host µs of `fn()` alone (its launches, no sync; the GPU drains untimed after each):
+    the Python and driver part of `wall_us`."""
+    times = []
+    for i in range(reps + 3):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        if i >= 3:
+            times.append((time.perf_counter() - t0) * 1e6)
+    _sync(device)
     return float(statistics.median(times))
 
 
@@ -372,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         stem = Path(args.out) / f"tree_growth_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
         write_rows(stem, df, {**run_metadata(device), "copy_bandwidth_Bps": bw,
                               "elapsed_s": time.perf_counter() - t_start})
-        print(df.pivot_table(index=["vocab", "queries"], columns="impl", values=["us", "wall_us"]).round(1).to_string())
+        print(df.pivot_table(index=["vocab", "queries"], columns="impl", values=["us", "launch_us", "wall_us", "wall_us_two_copies"]).round(1).to_string())
         print(f"wrote {stem}.json and .csv")
         return 0
     if args.fit_sweep:

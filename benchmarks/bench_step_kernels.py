@@ -32,6 +32,10 @@ torch.compile version, at the same model's shapes, 1 and 64 tokens: µs per call
 graph of 20 calls (inputs L2-resident, as in the step where the GEMM just wrote them), and the
 kernel's bytes floor.
 
+Order: with `--rounds N` every mode is measured N times, the order of --fusions reversed every
+other round (rows: `round`, `position`); the tables show medians over rounds. One round measured
+the same cuBLAS GEMMs 1-10 % slower in whichever mode came second (KERNELS.md, "Sixth session").
+
 Writes benchmarks/results/bench_step_kernels-<date>.{json,csv} with run_metadata(); prints tables.
 """
 
@@ -106,7 +110,7 @@ def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, l
                "pred_ms": PRED_MS.get((spec.name, t, kv), float("nan")) if base["fusion"] == "triton" else float("nan")}  # fmt: skip
         if runner.use_graphs:
             row["replay_ms"] = statistics.median(time_ms(runner.graphs[runner.bucket(t)].replay, args.reps, 3, device))
-            if kv == args.kv[0] and t in args.breakdown_tokens:
+            if kv == args.kv[0] and base["round"] == 0 and t in args.breakdown_tokens:
                 rows += breakdown_rows(runner.graphs[runner.bucket(t)], {**base, "tokens": t})
         if ref is not None:
             row["max_rel_err_vs_off"] = float((out - ref).abs().max() / ref.abs().max())
@@ -157,9 +161,13 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
     spec, rows, logits = model.spec, [], {}
     for kv in args.kv:
         cache = KVCache(spec, model.shard, kv + max(args.tokens), device, dtype)
-        for fusion in args.fusions:
+        # rounds alternate the order (ABBA...): a mode measured second in one round is first in the
+        # next, so a drift or an order effect (the earlier mode's graphs freed just before, clocks)
+        # shows up between rounds instead of as a difference between modes
+        for rnd, pos, fusion in ((r, i, f) for r in range(args.rounds)
+                                 for i, f in enumerate(args.fusions if r % 2 == 0 else args.fusions[::-1])):
             base = dict(kind="step", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
-                        attention=args.attention)  # fmt: skip
+                        attention=args.attention, round=rnd, position=pos)  # fmt: skip
             try:
                 fu, *extras = fusion.split("+")
                 model.set_fusion(fu)
@@ -168,14 +176,15 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
                     model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate")
                 model.set_pdl("pdl" in extras)
                 runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
-                base["device_ops_1tok"] = device_ops(model, cache, device) if kv == args.kv[0] else float("nan")
+                first = kv == args.kv[0] and rnd == 0
+                base["device_ops_1tok"] = device_ops(model, cache, device) if first else float("nan")
                 new = step_rows(args, runner, spec, kv, base, bw, logits)
             except Exception as e:  # a mode that fails to compile or capture: record it, go on
                 rows.append({**base, "error": f"{type(e).__name__}: {e}"[:300]})
                 print(f"{spec.name} kv {kv} fusion {fusion}: FAILED {type(e).__name__}: {e}", flush=True)
                 new = []
             rows += new
-            print(f"{spec.name} kv {kv} fusion {fusion}: " + ", ".join(
+            print(f"{spec.name} kv {kv} fusion {fusion}" + (f" (round {rnd})" if args.rounds > 1 else "") + ": " + ", ".join(
                 f"T={r['tokens']} {r['median_ms']:.3f} ms ({r['median_ms'] / r['floor_ms']:.2f}x floor)"
                 for r in new if r["kind"] == "step"), flush=True)  # fmt: skip
             runner = None  # free its graphs and pool before the next mode captures
@@ -295,7 +304,7 @@ def bench_kernels(args, model, device: torch.device, dtype: torch.dtype, bw: flo
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="Llama-3-8B,Llama-3.2-1B", help="bundled names or checkpoint folders")
     ap.add_argument("--tokens", default="1,8,64")
@@ -311,10 +320,13 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--layers", type=int, default=None, help="keep only the first n layers")
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure the fusions this many times, the order reversed every other round; "
+                         "tables show the median over rounds, rows keep `round` and `position`")
     ap.add_argument("--calls", type=int, default=20, help="kernel calls per captured graph (per-kernel timing)")
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel microbenchmarks")
     ap.add_argument("--out", default=str(RESULTS))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.kv = [int(x) for x in args.kv.split(",")]
@@ -343,7 +355,7 @@ def main() -> None:
     if "median_ms" in steps:
         steps = steps.dropna(subset=["median_ms"]).assign(x_floor=lambda d: d["median_ms"] / d["floor_ms"])
         table = steps.pivot_table(index=["model", "kv_len", "tokens"], columns="fusion",
-                                  values=["median_ms", "x_floor"], aggfunc="first")  # fmt: skip
+                                  values=["median_ms", "x_floor"], aggfunc="median")  # fmt: skip
         table[("floor_ms", "")] = steps.groupby(["model", "kv_len", "tokens"])["floor_ms"].first()
         table[("pred_ms", "triton")] = steps[steps["fusion"] == "triton"].groupby(
             ["model", "kv_len", "tokens"])["pred_ms"].first()  # fmt: skip

@@ -485,7 +485,11 @@ class Profile:
         src = self.meta.get("source", "measured")
         if src == "measured":
             label = f"measured, {self.meta.get('gpu', '?')}, {str(self.meta.get('date', '?'))[:10]}"
-            unmeasured = self.meta.get("unmeasured")
+            unmeasured = list(self.meta.get("unmeasured") or [])
+            comm = self.meta.get("comm")
+            if isinstance(comm, dict) and comm.get("source") == "derived" and not any(
+                    u.startswith("comm") for u in unmeasured):  # fmt: skip
+                unmeasured.insert(0, f"comm (published NVLink numbers: {comm.get('gpu_count', '?')} GPU)")
             return f"{label}; not measured: {', '.join(unmeasured)}" if unmeasured else label
         return str(src)
 

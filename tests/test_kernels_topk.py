@@ -104,3 +104,24 @@ def test_tree_growth_switch():
         ref_v, ref_i = top_logprobs(logits, k, impl="torch")
         assert torch.equal(got_i, ref_i)
         torch.testing.assert_close(got_v, ref_v, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_top_logprobs_host_one_copy(impl):
+    """What DraftTree.grow takes: host lists from one packed buffer (kernel) or two tensors (torch),
+    equal to the device answer; the packed buffer's two views read back on the device and, after
+    the copy, in numpy."""
+    from swiftspec.kernels.topk import logsoftmax_topk_packed, unpack_topk
+    from swiftspec.runtime.tree import top_logprobs, top_logprobs_host
+
+    logits = _logits(6, 3000, torch.float32, seed=13)[:, :2900]  # distinct: no ties to order
+    ref_v, ref_i = top_logprobs(logits, 7, impl="torch")
+    got_v, got_i = top_logprobs_host(logits, 7, impl=impl)
+    assert got_i == ref_i.tolist()
+    torch.testing.assert_close(torch.tensor(got_v), ref_v.cpu(), rtol=0, atol=1e-5)
+    packed = logsoftmax_topk_packed(logits, 7)
+    assert packed.shape == (3 * 6 * 7,) and packed.dtype == torch.int32
+    dv, di = unpack_topk(packed, 6, 7)
+    hv, hi = unpack_topk(packed.cpu().numpy(), 6, 7)
+    assert torch.equal(di.cpu(), ref_i.cpu()) and (hi == ref_i.cpu().numpy()).all()
+    assert torch.equal(dv.cpu(), torch.from_numpy(hv.copy()))

@@ -1,5 +1,6 @@
 """`swiftspec profile comm` with gloo and 2 processes on CPU."""
 
+import json
 import os
 
 import pandas as pd
@@ -65,3 +66,17 @@ def test_bad_world_and_sizes():
         profile_comm(device="cpu", world=1)
     with pytest.raises(UserError, match="--sizes"):
         profile_comm(device="cpu", world=2, sizes=(0,))
+
+
+def test_derived_comm_is_named_in_the_profile_label(gloo_result, tmp_path):
+    """A profile whose comm table is the published defaults (a one-GPU machine) says so in its
+    label, which every plan prints; measured comm does not add the caveat."""
+    defaults, label = published_defaults()
+
+    def label_of(folder, result) -> str:
+        assert write_comm(folder, result)
+        meta = json.loads((folder / "meta.json").read_text())
+        return Profile(pd.DataFrame(), result.comm, {**meta, "source": "measured", "gpu": "G"}).label
+
+    assert "not measured: comm (published NVLink numbers" in label_of(tmp_path / "d", CommResult(defaults, False, [label]))
+    assert "not measured" not in label_of(tmp_path / "m", gloo_result)

@@ -244,3 +244,20 @@ def test_replay_ms_times_every_graph_bucket():
     clock = ForwardClock([runner], fixed_ms={id(runner): table})
     runner.prefill([1, 2, 3])  # 3 tokens: bucket 4
     assert clock.take() == pytest.approx(table[4])
+
+
+def test_summary_splits_the_error_into_forwards_and_host():
+    """The split errors, by hand: forwards 9.0 - 1.0 = 8 ms predicted vs 10 measured (20 %) and
+    4.5 - 0.5 = 4 vs 4 (0 %); host 1.0 vs 0.5 (100 %) and 0.5 vs 1.0 (50 %)."""
+    from swiftspec.validate import summarize
+
+    rows = pd.DataFrame({"config": ["a", "b"], "error_pct": [-10.0, 4.0],
+                         "predicted_iteration_ms": [9.0, 4.5], "predicted_host_ms": [1.0, 0.5],
+                         "measured_forward_ms": [10.0, 4.0], "measured_host_ms": [0.5, 1.0]})  # fmt: skip
+    s = summarize(rows)
+    assert s["median_abs_error_pct"] == pytest.approx(7.0) and s["worst"] == "a"
+    assert s["forward_median_abs_error_pct"] == pytest.approx(10.0)
+    assert s["forward_max_abs_error_pct"] == pytest.approx(20.0)
+    assert s["host_median_abs_error_pct"] == pytest.approx(75.0)
+    assert s["host_max_abs_error_pct"] == pytest.approx(100.0)
+    assert "forward_median_abs_error_pct" not in summarize(rows.drop(columns="measured_host_ms"))

@@ -18,9 +18,14 @@ A row whose every logit is -inf gives NaN values, as torch's log_softmax does.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_K = 64  # k rounds run unrolled in both stages
 
@@ -82,6 +87,13 @@ def logsoftmax_topk(logits: torch.Tensor, k: int, *, chunk: int = 4096) -> tuple
     int64, as `logsoftmax_topk_ref` (ties lowest index first). Two launches, no host sync.
     chunk: vocabulary entries per stage-1 program (a power of two >= k).
     """
+    return unpack_topk(logsoftmax_topk_packed(logits, k, chunk=chunk), logits.shape[0], k)
+
+
+def logsoftmax_topk_packed(logits: torch.Tensor, k: int, *, chunk: int = 4096) -> torch.Tensor:
+    """`logsoftmax_topk`'s answer in one int32 buffer (3 T k,): the indices as int64 (2 T k words),
+    then the values as float32 (T k words); `unpack_topk` gives the two back. One buffer is one
+    device-to-host copy and one sync for tree growth instead of two."""
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"logits must be (T, V) with a contiguous last dim, got {tuple(logits.shape)}")
     t, v = logits.shape
@@ -90,21 +102,32 @@ def logsoftmax_topk(logits: torch.Tensor, k: int, *, chunk: int = 4096) -> tuple
     if chunk & (chunk - 1) or chunk < k:
         raise ValueError(f"chunk must be a power of two >= k, got {chunk}")
     dev = logits.device
-    values = torch.empty((t, k), dtype=torch.float32, device=dev)
-    indices = torch.empty((t, k), dtype=torch.int64, device=dev)
+    packed = torch.empty(3 * t * k, dtype=torch.int32, device=dev)
     if t == 0:
-        return values, indices
+        return packed
+    values, indices = unpack_topk(packed, t, k)
     chunk = max(triton.next_power_of_2(k), min(chunk, triton.next_power_of_2(v)))
     n = triton.cdiv(v, chunk)
-    pm = torch.empty((t, n), dtype=torch.float32, device=dev)
-    ps = torch.empty((t, n), dtype=torch.float32, device=dev)
-    pv = torch.empty((t, n, k), dtype=torch.float32, device=dev)
-    pi = torch.empty((t, n, k), dtype=torch.int32, device=dev)
+    # the four partials in one allocation (a few µs of host time each): max, sum, top-k values,
+    # top-k indices (int32 words)
+    part = torch.empty(t * n * (2 + 2 * k), dtype=torch.float32, device=dev)
+    pm, ps = part[: t * n], part[t * n : 2 * t * n]
+    pv, pi = part[2 * t * n : (2 + k) * t * n], part[(2 + k) * t * n :].view(torch.int32)
     _chunk_kernel[(t, n)](logits, pm, ps, pv, pi, v, logits.stride(0), n, CHUNK=chunk, K=k,
                           num_warps=8 if chunk >= 4096 else 4)  # fmt: skip
     _merge_kernel[(t,)](pm, ps, pv, pi, values, indices, n, CHUNKS_P2=triton.next_power_of_2(n), K=k,
                         K_P2=triton.next_power_of_2(k), num_warps=4)  # fmt: skip
-    return values, indices
+    return packed
+
+
+def unpack_topk(packed: torch.Tensor | np.ndarray, t: int, k: int) -> tuple:
+    """(values (t, k) float32, indices (t, k) int64) views of a `logsoftmax_topk_packed` buffer,
+    a torch tensor (on any device) or its numpy copy on the host."""
+    if isinstance(packed, torch.Tensor):
+        f32, i64 = torch.float32, torch.int64
+    else:
+        f32, i64 = "float32", "int64"
+    return packed[2 * t * k :].view(f32).reshape(t, k), packed[: 2 * t * k].view(i64).reshape(t, k)
 
 
 def logsoftmax_topk_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

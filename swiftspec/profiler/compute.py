@@ -57,6 +57,7 @@ import torch
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.spec import COMM_COLUMNS, Mode, ModelSpec, Profile, TreePolicy, UserError, resolve_model_path
 
+HOST_CAVEAT = "host (tiny stand-in: under-estimates real shapes; `swiftspec validate` calibrates per pair)"
 OPS = ("forward", "embed", "lm_head", "layers", "tree_growth", "kv_compact", "host")
 COLUMNS = ("op", "model", "tp", "tokens", "kv_len", "ms", "p10", "p90", "n")
 PARTIAL = "compute.partial.csv"
@@ -651,6 +652,8 @@ def profile_compute(
         skipped=skipped,
         incomplete=missing > 0,
         incomplete_tables=[f"{op} {m} tp{tp}" for op, m, tp in cut],
+        # named in the profile's label (Profile.label), so every plan that uses it says so
+        unmeasured=[HOST_CAVEAT, "host async (copied from the derived profile)"] if host else [],
         notes=[
             "forward: Transformer.forward of rank 0 of a TP shard, communication skipped, replayed "
             "from the runtime's GraphRunner CUDA graph (eager on CPU); layers = forward - embed - lm_head.",

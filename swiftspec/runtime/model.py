@@ -213,7 +213,10 @@ class Transformer(nn.Module):
             raise UserError(f"fusion must be one of {', '.join(FUSION_MODES)}, got {mode!r}")
         self.fusion, self.fused = mode, mode != "off"
         on = mode == "compile"
-        fuse = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if on else (lambda f: f)
+        # dynamic=None: the first token count is compiled static, the next ones share one kernel
+        # with a symbolic length. dynamic=False compiled every graph bucket and prefill length
+        # anew and hit dynamo's recompile limit (8), which fullgraph turns into an error.
+        fuse = (lambda f: torch.compile(f, dynamic=None, fullgraph=True)) if on else (lambda f: f)
         self._norm, self._rope, self._act = fuse(rms_norm), fuse(apply_rope), fuse(silu_mul)
         self._fused_ops = self._workspace = None
         if mode == "triton":

@@ -1,0 +1,35 @@
+"""benchmarks/bench_step_kernels.py end to end on CPU (Triton interpreted): with --rounds 2 every
+mode is measured twice, in reversed order the second time, and "triton" matches "off"."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    pytest.skip("the fused modes run Triton kernels: TRITON_INTERPRET=1 on CPU", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_step_kernels  # noqa: E402
+
+
+def test_rounds_alternate_the_order(make_checkpoint, tmp_path):
+    ckpt = make_checkpoint("llama")
+    bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,4", "--kv", "16",
+                             "--fusions", "off,triton", "--reps", "2", "--rounds", "2", "--no-kernels",
+                             "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
+    (csv,) = tmp_path.glob("bench_step_kernels-*.csv")
+    steps = pd.read_csv(csv).query("kind == 'step'")
+    assert len(steps) == 2 * 2 * 2  # rounds x fusions x token counts
+    order = steps.drop_duplicates(["round", "fusion"]).sort_values(["round", "position"])
+    assert order.groupby("round")["fusion"].apply(list).to_dict() == {0: ["off", "triton"], 1: ["triton", "off"]}
+    assert (steps["median_ms"] > 0).all()
+    fused = steps[steps["fusion"] == "triton"]
+    assert (fused["max_rel_err_vs_off"] < 1e-4).all() and (fused["argmax_agree_vs_off"] == 1).all()
+    assert json.loads(csv.with_suffix(".json").read_text())["meta"]["weights"] == "random"
