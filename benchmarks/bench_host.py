@@ -5,7 +5,9 @@
 (four synchronous host-to-device copies from pageable memory) and `GraphRunner.run` then ran
 about ten small device ops into the graph's static buffers. Now `ModelRunner` hands the lists to
 `GraphRunner`, which writes them into one pinned host buffer and moves them in one copy
-(`graphs.StaticInputs`). This benchmark runs both, alternating, in one process.
+(`graphs.StaticInputs`). This benchmark runs both, alternating, in one process, and a third
+variant, "graph_topk": staged inputs plus tree growth replayed from captured top-k graphs
+(`ModelRunner(tree_growth="graph")`) instead of two eager kernel launches per draft forward.
 
 Models: narrow stand-ins (`validate.stand_in_config`: the real vocabulary and layer count, hidden
 64) of the given bundled models, random weights, so the forwards' device time is small and is
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import statistics
 import time
@@ -56,7 +59,9 @@ class DeviceCopyRunner(ModelRunner):
         return logits if self.vocab_limit is None else logits[:, : self.vocab_limit]
 
 
-VARIANTS = {"staged": ModelRunner, "device_copies": DeviceCopyRunner}
+VARIANTS = {"staged": ModelRunner, "device_copies": DeviceCopyRunner,
+            # staged inputs, and tree growth replayed from captured top-k graphs
+            "graph_topk": functools.partial(ModelRunner, tree_growth="graph")}
 MODES = {"autoregressive": (Mode.autoregressive, TreePolicy.autoregressive()),
          "serial-bs8-w4-d3": (Mode.serial, TreePolicy(bs=8, w=4, d=3))}
 

@@ -48,7 +48,7 @@ from tqdm import tqdm
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.kernels.kv_move import kv_move, kv_move_ref
 from swiftspec.kernels.pdl import pdl_available
-from swiftspec.kernels.topk import logsoftmax_topk, logsoftmax_topk_packed, logsoftmax_topk_ref
+from swiftspec.kernels.topk import logsoftmax_topk, logsoftmax_topk_packed, logsoftmax_topk_ref, unpack_topk
 from swiftspec.kernels.tree_attention import (
     SPLIT_COST,
     TreeAttentionWorkspace,
@@ -289,7 +289,23 @@ def bench_tree_growth(vocab, t, k, device, bw, gen):
     def two_copies(fn):  # the path before one packed copy: .tolist() of values, then of indices
         return lambda: [x.tolist() for x in fn(logits, k)]
 
-    return [{**base, "impl": "tree_growth_triton", "us": us, "rel_err": err,
+    rows = []
+    if device == "cuda":  # the kernel replayed from a CUDA graph on static logits (tree growth "graph")
+        graph = torch.cuda.CUDAGraph()
+        logsoftmax_topk_packed(logits, k)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            packed = logsoftmax_topk_packed(logits, k)
+
+        def graph_host():
+            graph.replay()
+            host = packed.to("cpu", non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+            return [x.tolist() for x in unpack_topk(host.numpy(), t, k)]
+
+        rows.append({**base, "impl": "tree_growth_graph", "us": us, "rel_err": err, "wall_us": wall_us(graph_host),
+                     "launch_us": launch_us(graph.replay, device)})  # fmt: skip
+    return rows + [{**base, "impl": "tree_growth_triton", "us": us, "rel_err": err,
              "wall_us": wall_us(lambda: top_logprobs_host(logits, k, "triton")),
              "wall_us_two_copies": wall_us(two_copies(logsoftmax_topk)),
              "launch_us": launch_us(lambda: logsoftmax_topk_packed(logits, k), device)},

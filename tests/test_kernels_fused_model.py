@@ -16,6 +16,7 @@ import torch
 from swiftspec.runtime.decoder import ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
 from swiftspec.runtime.kv_cache import KVCache
+from swiftspec.runtime.tree import top_logprobs_host
 from swiftspec.runtime.weights import load_model
 from swiftspec.spec import Mode, TreePolicy, UserError
 
@@ -176,3 +177,31 @@ def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention, linear,
         assert runner.eager_calls == 0
         assert rel_err(got, ref) <= 1e-4
     torch.testing.assert_close(graph_cache.k[:, :, :31], eager_cache.k[:, :, :31], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("policy", [TreePolicy(bs=6, w=2, d=3), TreePolicy(bs=12, w=4, d=3)])
+def test_gpu_graph_tree_growth_is_lossless_and_used(make_checkpoint, policy):
+    """tree growth "graph": the draft's top-k replayed from captured graphs on the static logits
+    (pending rows in front, a vocabulary cut) gives the same tokens as the eager kernel, and the
+    graphs were used."""
+    path = make_checkpoint("llama")
+    target = load_model(path, device="cuda")
+    draft = load_model(make_checkpoint("llama", num_hidden_layers=1), device="cuda")
+    prompt, n = PROMPTS["llama"], 16
+    outs = {}
+    for growth in ("triton", "graph"):
+        t = ModelRunner(target, cache_slots(len(prompt), n, policy, draft=False))
+        d = ModelRunner(draft, cache_slots(len(prompt), n, policy, draft=True), vocab_limit=250, tree_growth=growth)
+        outs[growth] = generate(t, d, prompt, GenerateConfig(Mode.serial, policy, n)).tokens
+        if growth == "graph":
+            assert d.graphs.topk_graphs, "no top-k graph was replayed"
+            logits = d.forward_tree([5, 6], [0, 1], [0, 1], torch.tensor([[True, False], [True, True]]))
+            got = d.top_logprobs(logits, 3)
+            ref_v, ref_i = top_logprobs_host(logits, 3, "triton")
+            assert got[1] == ref_i and max(abs(a - b) for r, q in zip(got[0], ref_v) for a, b in zip(r, q)) < 1e-5
+    auto = TreePolicy.autoregressive()
+    t = ModelRunner(target, cache_slots(len(prompt), n, auto, draft=False))
+    ref = generate(t, None, prompt, GenerateConfig(Mode.autoregressive, auto, n)).tokens
+    assert outs["graph"] == outs["triton"] == ref

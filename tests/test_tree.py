@@ -206,3 +206,18 @@ def test_greedy_verify_follows_the_target(seed: int) -> None:
     assert verdict.bonus == int(logits[row[want[-1]]].argmax())
     assert verdict.accepted_length == len(want)
     assert verdict.new_tokens(tree) == [tree.tokens[n] for n in want[1:]] + [verdict.bonus]
+
+
+def test_runner_tree_growth_graph_falls_back_off_cuda(make_checkpoint):
+    """tree growth "graph" needs CUDA graphs: on CPU it resolves to torch, and the runner's
+    top-k equals `top_logprobs_host` on the same logits."""
+    from swiftspec.runtime.decoder import ModelRunner
+    from swiftspec.runtime.tree import resolve_tree_growth, top_logprobs_host
+    from swiftspec.runtime.weights import load_model
+
+    assert resolve_tree_growth("cpu", "graph") == "torch" and resolve_tree_growth("cuda", "graph") == "graph"
+    runner = ModelRunner(load_model(make_checkpoint("llama")), 32, tree_growth="graph")
+    assert runner.tree_growth == "torch"
+    runner.prefill([1, 2, 3])
+    logits = runner.forward_tree([4, 5], [0, 1], [0, 1], torch.tensor([[True, False], [True, True]]))
+    assert runner.top_logprobs(logits, 3) == top_logprobs_host(logits, 3, "torch")

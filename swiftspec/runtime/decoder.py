@@ -23,7 +23,7 @@ import torch
 
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.model import Transformer
-from swiftspec.runtime.tree import DraftTree
+from swiftspec.runtime.tree import DraftTree, resolve_tree_growth, top_logprobs_host
 from swiftspec.runtime.verify import Verdict
 
 PREFILL_CHUNK = 256  # tokens per prefill forward: bounds the (T, max_len) attention mask
@@ -35,7 +35,9 @@ class ModelRunner:
     max_len: cache slots (prefix + tree region). vocab_limit: logits are cut to this many
     columns (a draft whose vocabulary is padded beyond the target's must not propose ids the
     target cannot embed). use_graphs: capture CUDA graphs (default: on CUDA devices). max_tree:
-    widest tree mask the graphs take (default max_len; see __init__).
+    widest tree mask the graphs take (default max_len; see __init__). tree_growth: how
+    `top_logprobs` runs (`tree.resolve_tree_growth`; "graph": replays of a captured top-k graph
+    on the draft forward's static logits).
     """
 
     def __init__(
@@ -46,8 +48,11 @@ class ModelRunner:
         vocab_limit: int | None = None,
         use_graphs: bool | None = None,
         max_tree: int | None = None,
+        tree_growth: str = "auto",
     ):
         self.model = model
+        self.tree_growth = resolve_tree_growth(model.device, tree_growth)
+        self._last_tree: tuple[torch.Tensor, int, int] | None = None  # latest forward_tree: logits, row, replay
         self.device, self.dtype = model.device, model.dtype
         self.max_len = max_len
         self.cache = KVCache(model.spec, model.shard, max_len, self.device, self.dtype)
@@ -133,7 +138,21 @@ class ModelRunner:
             )[p:]
             self.prefix_len, self.pending = base, []
         self.tree_len = max(self.tree_len, n_tree)
+        self._last_tree = (logits, p, self.graphs.replays if self.graphs is not None else 0)
         return logits
+
+    def top_logprobs(self, logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """Tree growth's top-k of `logits` (T, vocab) as host lists (values (T, k), indices (T, k)),
+        what `DraftTree.grow` takes. With tree growth "graph" and `logits` the latest
+        `forward_tree`'s graph output: a replay of a captured top-k graph on the static logits
+        (`GraphRunner.top_logprobs_host`); else `tree.top_logprobs_host`."""
+        last, g = self._last_tree, self.graphs
+        if (self.tree_growth == "graph" and g is not None and last is not None and last[0] is logits
+                and last[2] == g.replays and g.last_bucket is not None):  # fmt: skip
+            out = g.top_logprobs_host(last[1], logits.shape[0], k, self.vocab_limit)
+            if out is not None:
+                return out
+        return top_logprobs_host(logits, k, self.tree_growth)
 
     def commit(self, path_slots: Sequence[int], keep_slots: Sequence[int] = (), pending: Sequence[int] = ()) -> None:
         """After a verify: accepted KV into the prefix, surviving subtree right behind it.

@@ -211,7 +211,7 @@ def pack_verdict(kind: int, verdict: Verdict, bonus_rank: int, bs: int) -> torch
 def _expand(tree: DraftTree, fwd, runner, fwd_nodes: list[int], fwd_tokens: list[int]) -> bool:
     """One draft forward, logged in `fwd_nodes` / `fwd_tokens`; False when nothing is left to expand."""
     pending = len(runner.pending)
-    f = tree.expand(fwd)
+    f = tree.expand(fwd, runner.top_logprobs)
     if f:
         fwd_nodes.append(f)
         fwd_tokens.append(pending + f)

@@ -156,7 +156,7 @@ def generate(
             rounds = len(policy.topology) if policy.kind == "static" else policy.d
             for _ in range(rounds):
                 pending = len(draft.pending)  # run in front of the tree nodes, in the same forward
-                n = tree.expand(draft.forward_tree)
+                n = tree.expand(draft.forward_tree, draft.top_logprobs)
                 if n == 0:
                     break
                 forwards, drafted = forwards + 1, drafted + n

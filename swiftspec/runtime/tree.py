@@ -29,6 +29,9 @@ from swiftspec.spec import TreePolicy
 
 #: forward(tokens, depths, slots, tree_mask) -> logits (T, vocab); the draft side's forward.
 ForwardFn = Callable[[list[int], list[int], list[int], torch.Tensor], torch.Tensor]
+# (logits (T, vocab), k) -> host lists (values (T, k), indices (T, k)): `top_logprobs_host`, or a
+# runner's own (`ModelRunner.top_logprobs`: from a captured graph on CUDA)
+TopFn = Callable[[torch.Tensor, int], tuple[list[list[float]], list[list[int]]]]
 
 
 @dataclass
@@ -149,18 +152,19 @@ class DraftTree:
         return ([self.tokens[n] for n in batch], [self.depths[n] for n in batch], [self.slots[n] for n in batch],
                 torch.from_numpy(mask))
 
-    def grow(self, batch: Sequence[int], logits: torch.Tensor) -> None:
+    def grow(self, batch: Sequence[int], logits: torch.Tensor, top: TopFn | None = None) -> None:
         """Add the draft's top-ranked tokens under every node of `batch`.
 
         logits: (len(batch), vocab), the draft's next-token logits at those nodes. Dynamic: `w`
-        children each; static: as many as the topology gives the node, in rank order.
+        children each; static: as many as the topology gives the node, in rank order. top: how
+        the top-k reaches the host (default `top_logprobs_host`).
         """
         if self.static:
             counts = [len(self._topo_children(self.topo[n])) for n in batch]
         else:
             counts = [self.policy.w] * len(batch)
         k = min(max(counts), logits.shape[-1])
-        values, indices = top_logprobs_host(logits, k)  # one device sync per expansion
+        values, indices = (top or top_logprobs_host)(logits, k)  # one device sync per expansion
         rank_lp = self.rank_logprobs
         if rank_lp is not None and len(rank_lp) < k:
             raise ValueError(f"rank_logprobs has {len(rank_lp)} ranks, the tree grows {k} children per node")
@@ -171,13 +175,14 @@ class DraftTree:
                 lp = values[row][r] if rank_lp is None else rank_lp[r]
                 self._add(indices[row][r], n, self.cum_logprob[n] + lp, topo=topo)
 
-    def expand(self, forward: ForwardFn) -> int:
-        """One expansion (= one draft forward); returns the number of tokens forwarded (0: none)."""
+    def expand(self, forward: ForwardFn, top: TopFn | None = None) -> int:
+        """One expansion (= one draft forward); returns the number of tokens forwarded (0: none).
+        top: see `grow`."""
         batch = self.next_batch()
         if not batch:
             return 0
         logits = forward(*self.draft_inputs(batch))
-        self.grow(batch, logits)
+        self.grow(batch, logits, top)
         return len(batch)
 
     # ---- selection and verification inputs -----------------------------------------------
@@ -238,16 +243,22 @@ class DraftTree:
         return tree, old_slots
 
 
-TREE_GROWTH_CHOICES = ("auto", "torch", "triton")
+TREE_GROWTH_CHOICES = ("auto", "torch", "triton", "graph")
 
 
 def resolve_tree_growth(device: str | torch.device, impl: str = "auto") -> str:
-    """How `top_logprobs` runs on `device`: "auto" = the Triton kernel on CUDA (measured faster
-    than torch, benchmarks/KERNELS.md "Tree growth"), torch elsewhere."""
+    """How tree growth's top-k runs on `device`: "torch"; "triton" (the kernel, launched eagerly);
+    "graph" (the kernel captured in a CUDA graph per bucket, replayed on the draft forward's
+    static logits: `GraphRunner.top_logprobs_host`; CUDA only, "torch" elsewhere); "auto" = triton
+    on CUDA (measured faster than torch, benchmarks/KERNELS.md "Tree growth"; "graph" is not
+    measured yet), torch elsewhere."""
     if impl not in TREE_GROWTH_CHOICES:
         raise ValueError(f"tree growth must be one of {', '.join(TREE_GROWTH_CHOICES)}, got {impl!r}")
+    cuda = torch.device(device).type == "cuda"
     if impl == "auto":
-        return "triton" if torch.device(device).type == "cuda" else "torch"
+        return "triton" if cuda else "torch"
+    if impl == "graph" and not cuda:
+        return "torch"
     return impl
 
 
@@ -255,7 +266,7 @@ def top_logprobs(logits: torch.Tensor, k: int, impl: str = "auto") -> tuple[torc
     """The k largest log-probabilities of each row, largest first: (values (T, k) float32,
     indices (T, k) int64) of log_softmax(logits (T, V)). What tree growth runs after every draft
     forward; impl: see `resolve_tree_growth` (the kernel takes k <= 64, torch any k)."""
-    if resolve_tree_growth(logits.device, impl) == "triton" and logits.stride(-1) == 1:
+    if resolve_tree_growth(logits.device, impl) in ("triton", "graph") and logits.stride(-1) == 1:
         from swiftspec.kernels.topk import MAX_K, logsoftmax_topk  # imports triton: only when used
 
         if k <= MAX_K:
@@ -270,7 +281,7 @@ def top_logprobs_host(logits: torch.Tensor, k: int, impl: str = "auto") -> tuple
     pageable copies, two syncs). Measured 0.5-4 µs faster on the H200: the two launches (~70 µs
     of host time) dominate (benchmarks/KERNELS.md, "Sixth session")."""
     t = logits.shape[0]
-    if resolve_tree_growth(logits.device, impl) == "triton" and logits.stride(-1) == 1:
+    if resolve_tree_growth(logits.device, impl) in ("triton", "graph") and logits.stride(-1) == 1:
         from swiftspec.kernels.topk import MAX_K, logsoftmax_topk_packed, unpack_topk
 
         if k <= MAX_K:
