@@ -16,7 +16,8 @@ autoregressive, and serial bs8-w4-d3 with the model as its own draft (greedy; tr
 deeply, KV compaction runs every iteration).
 
 host_ms per iteration = (decode wall ms - sum over replays of the graph's replay ms) / iterations;
-median over `--reps` decodes per variant. Writes benchmarks/results/bench_host-<date>.{json,csv}.
+median over `--reps` decodes per variant. Writes benchmarks/results/bench_host-<date>.{json,csv};
+`--cprofile` adds bench_host-<date>-cprofile.csv, the host's hot spots per (model, mode).
 
     python benchmarks/bench_host.py                                   # on the H200: ~1 minute
     python benchmarks/bench_host.py --device cpu --models Llama-3.2-1B --reps 1 --new-tokens 4 \
@@ -66,6 +67,29 @@ MODES = {"autoregressive": (Mode.autoregressive, TreePolicy.autoregressive()),
          "serial-bs8-w4-d3": (Mode.serial, TreePolicy(bs=8, w=4, d=3))}
 
 
+def host_profile(target, draft, prompt: list[int], mode: Mode, policy: TreePolicy, new_tokens: int,
+                 top: int = 25) -> pd.DataFrame:
+    """Where one decode's host time goes: cProfile over `generate`, the `top` functions by own
+    time, in µs per iteration. cProfile's per-call overhead inflates small, frequent calls, so the
+    shares rank the pieces; the absolute numbers are upper bounds."""
+    import cProfile
+    import pstats
+
+    for r in (target, draft):
+        if r is not None:
+            r.prefix_len, r.tree_len, r.pending = 0, 0, []
+    prof = cProfile.Profile()
+    prof.enable()
+    res = generate(target, draft, prompt, GenerateConfig(mode=mode, policy=policy, max_new_tokens=new_tokens))
+    prof.disable()
+    it = max(res.iterations, 1)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, tottime, cumtime, callers)
+    rows = [{"function": f"{Path(f).name}:{line}({fn})", "calls_per_iteration": nc / it,
+             "tottime_us_per_iteration": tt / it * 1e6, "cumtime_us_per_iteration": ct / it * 1e6}
+            for (f, line, fn), (_, nc, tt, ct, _) in stats.items()]  # fmt: skip
+    return pd.DataFrame(rows).sort_values("tottime_us_per_iteration", ascending=False).head(top)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="Llama-3.2-1B,Llama-3-8B", help="bundled names (their stand-ins run)")
@@ -73,9 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="decodes per (model, mode, variant), after one warm-up")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--cprofile", action="store_true",
+                    help="also profile one decode per (model, mode) of the staged path with cProfile: "
+                         "bench_host-<date>-cprofile.csv (top functions by own time, µs per iteration)")
     args = ap.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
-    rows = []
+    rows, prof_rows = [], []
     for name in args.models.split(","):
         spec = ModelSpec.from_config(name)
         model = _stand_in_model(spec, args.device)
@@ -111,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
                              "iterations": s[0][2], "mean_accepted": s[0][3], "reps": len(s)})
             print(pd.DataFrame(rows[-len(samples):])[["model", "mode", "variant", "host_ms", "tokens_per_s"]]
                   .to_string(index=False, header=False), flush=True)
+            if args.cprofile:
+                target, draft = runners["staged"]
+                top = host_profile(target, draft if mode is not Mode.autoregressive else None, prompt, mode, policy,
+                                   args.new_tokens)  # fmt: skip
+                prof_rows += top.assign(model=name, mode=mode_name).to_dict(orient="records")
         del runners, clocks, model
     df = pd.DataFrame(rows)
     meta = {**run_metadata(args.device), "weights": "random (narrow stand-ins)", "new_tokens": args.new_tokens,
@@ -119,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(stem.with_suffix(".json"), json.dumps(
         {"metadata": meta, "rows": json.loads(df.to_json(orient="records"))}, indent=1))
     atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
+    if prof_rows:
+        prof_df = pd.DataFrame(prof_rows)
+        atomic_write_text(stem.parent / f"{stem.name}-cprofile.csv", prof_df.to_csv(index=False))
+        for (m, mode_name), g in prof_df.groupby(["model", "mode"], sort=False):
+            print(f"\nhost hot spots, {m} {mode_name} (cProfile, µs per iteration, upper bounds):")
+            print(g.head(12)[["function", "calls_per_iteration", "tottime_us_per_iteration"]].round(1)
+                  .to_string(index=False))
     print(df.pivot_table(index=["model", "mode"], columns="variant", values="host_ms").round(3).to_string())
     print(f"wrote {stem}.json and .csv ({time.strftime('%H:%M:%S')})")
     return 0

@@ -16,8 +16,8 @@ import bench_host  # noqa: E402
 
 def test_bench_host_cpu_smoke(tmp_path):
     assert bench_host.main(["--device", "cpu", "--models", "Llama-3.2-1B", "--reps", "1", "--new-tokens", "3",
-                            "--out", str(tmp_path)]) == 0
-    (csv,) = tmp_path.glob("bench_host-*.csv")
+                            "--out", str(tmp_path), "--cprofile"]) == 0
+    (csv,) = tmp_path.glob("bench_host-*[0-9].csv")
     df = pd.read_csv(csv)
     assert sorted(zip(df["mode"], df["variant"])) == sorted(
         (m, v) for m in bench_host.MODES for v in bench_host.VARIANTS)
@@ -27,3 +27,8 @@ def test_bench_host_cpu_smoke(tmp_path):
         assert g.iterations.nunique() == 1 and g.mean_accepted.nunique() == 1
     meta = json.loads(csv.with_suffix(".json").read_text())["metadata"]
     assert meta["weights"].startswith("random")
+    # --cprofile: the host's hot spots per mode, the decode's own functions among them
+    (prof,) = tmp_path.glob("bench_host-*-cprofile.csv")
+    hot = pd.read_csv(prof)
+    assert set(hot["mode"]) == set(bench_host.MODES) and (hot.tottime_us_per_iteration >= 0).all()
+    assert hot.function.str.contains("linear").any()  # eager on CPU: the forwards' GEMMs dominate
