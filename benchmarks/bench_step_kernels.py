@@ -19,7 +19,10 @@ and, for <= 16 tokens, the Triton skinny linear (`impl` column). Fusion "triton+
 "triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
 a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`),
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
-combine="kernel")`) instead of the default second launch.
+combine="kernel")`) instead of the default second launch; a "+fp8" suffix runs a second copy of
+the model with weight-only fp8 GEMM weights (`load_model(weight_format="fp8")`; with "gemv" the
+fp8 skinny linear runs every forward) against its own floor (GEMM weights at one byte each); its
+logits differ from "off" by the quantization.
 
 Breakdown ("kind" = breakdown, CUDA only, first kv and --breakdown-tokens): torch.profiler over 5
 graph replays of the step: per kernel category (linear, attention, norm, rope_kv, act, other) the
@@ -105,7 +108,8 @@ def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, l
         ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, 10, device)  # noqa: B023
         out = runner.run(toks, pos, pos, kv, mask).float()
         ref = logits.setdefault((kv, t), out) if base["fusion"] == "off" else logits.get((kv, t))
-        row = {**base, "tokens": t, "floor_ms": bytes_read(spec, t, kv) / bw * 1e3, "bytes": bytes_read(spec, t, kv),
+        nbytes = step_bytes(spec, t, kv, base["weight_format"] == "fp8")
+        row = {**base, "tokens": t, "floor_ms": nbytes / bw * 1e3, "bytes": nbytes,
                "median_ms": statistics.median(ms), "p10_ms": _q(ms, 0.1), "p90_ms": _q(ms, 0.9), "reps": len(ms),
                "pred_ms": PRED_MS.get((spec.name, t, kv), float("nan")) if base["fusion"] == "triton" else float("nan")}  # fmt: skip
         if runner.use_graphs:
@@ -155,21 +159,35 @@ def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) ->
     return rows
 
 
+def step_bytes(spec, tokens: int, kv_len: int, fp8: bool) -> int:
+    """`bytes_read`, with fp8 GEMM weights at one byte each (norms and scales are noise)."""
+    total, kv = bytes_read(spec, tokens, kv_len), (kv_len + tokens) * spec.kv_bytes_per_token(1)
+    return (total - kv) // 2 + kv if fp8 else total
+
+
 def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
-    model = load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
-                       num_layers=args.layers)  # fmt: skip
-    spec, rows, logits = model.spec, [], {}
+    def load(fmt: str):
+        return load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
+                          num_layers=args.layers, weight_format=fmt)  # fmt: skip
+
+    native = load("native")
+    fp8_model = None  # loaded on first use of a "+fp8" mode: weight-only fp8, the same random weights quantized
+    spec, rows, logits = native.spec, [], {}
     for kv in args.kv:
-        cache = KVCache(spec, model.shard, kv + max(args.tokens), device, dtype)
+        cache = KVCache(spec, native.shard, kv + max(args.tokens), device, dtype)
         # rounds alternate the order (ABBA...): a mode measured second in one round is first in the
         # next, so a drift or an order effect (the earlier mode's graphs freed just before, clocks)
         # shows up between rounds instead of as a difference between modes
         for rnd, pos, fusion in ((r, i, f) for r in range(args.rounds)
                                  for i, f in enumerate(args.fusions if r % 2 == 0 else args.fusions[::-1])):
+            fu, *extras = fusion.split("+")
             base = dict(kind="step", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
-                        attention=args.attention, round=rnd, position=pos)  # fmt: skip
+                        attention=args.attention, round=rnd, position=pos,
+                        weight_format="fp8" if "fp8" in extras else "native")  # fmt: skip
             try:
-                fu, *extras = fusion.split("+")
+                if "fp8" in extras and fp8_model is None:
+                    fp8_model = load("fp8")
+                model = fp8_model if "fp8" in extras else native
                 model.set_fusion(fu)
                 model.set_linear("triton" if "gemv" in extras else "torch")
                 if model.attention == "triton":
@@ -191,11 +209,13 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             _free(device)
         cache = None
         _free(device)
-    model.set_linear("torch")
-    model.set_pdl(False)
-    rows += gemm_rows(args, model, device, bw)
+    fp8_model = None
+    _free(device)
+    native.set_linear("torch")
+    native.set_pdl(False)
+    rows += gemm_rows(args, native, device, bw)
     if not args.no_kernels:
-        rows += bench_kernels(args, model, device, dtype, bw)
+        rows += bench_kernels(args, native, device, dtype, bw)
     return rows
 
 
@@ -311,8 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv", default="1024,4096")
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
-                         " append +pdl for programmatic dependent launch and/or +kernelcombine (tree"
-                         " attention's in-kernel combine), e.g. triton+gemv+pdl")
+                         " append +pdl for programmatic dependent launch, +kernelcombine (tree attention's"
+                         " in-kernel combine) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8")
     ap.add_argument("--breakdown-tokens", default="1,64",
                     help="token counts whose graph replay gets a per-kernel-category profile (CUDA, first kv)")
     ap.add_argument("--attention", default="triton", help="torch | triton")

@@ -33,3 +33,17 @@ def test_rounds_alternate_the_order(make_checkpoint, tmp_path):
     fused = steps[steps["fusion"] == "triton"]
     assert (fused["max_rel_err_vs_off"] < 1e-4).all() and (fused["argmax_agree_vs_off"] == 1).all()
     assert json.loads(csv.with_suffix(".json").read_text())["meta"]["weights"] == "random"
+
+
+def test_fp8_mode_has_its_own_floor(make_checkpoint, tmp_path):
+    """"+fp8": a weight-only fp8 copy of the model, its floor with GEMM weights at one byte each,
+    its logits near (not equal to) those of "off"."""
+    ckpt = make_checkpoint("llama")
+    bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1", "--kv", "16",
+                             "--fusions", "off,triton+gemv+fp8", "--reps", "2", "--no-kernels",
+                             "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
+    steps = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv"))).query("kind == 'step'").set_index("fusion")
+    assert steps.loc["triton+gemv+fp8", "weight_format"] == "fp8" and steps.loc["off", "weight_format"] == "native"
+    saved = steps.loc["off", "bytes"] - steps.loc["triton+gemv+fp8", "bytes"]
+    assert 0 < saved < steps.loc["off", "bytes"] / 2 + 1  # about half the weight bytes saved
+    assert 0 < steps.loc["triton+gemv+fp8", "max_rel_err_vs_off"] < 0.15

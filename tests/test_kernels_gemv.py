@@ -15,7 +15,7 @@ if not HAS_CUDA and not INTERPRET:
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
-from swiftspec.kernels.gemv import MAX_ROWS, gemv, gemv_ref  # noqa: E402
+from swiftspec.kernels.gemv import FP8, MAX_ROWS, MAX_ROWS_FP8, gemv, gemv_ref, quantize_fp8  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -61,6 +61,52 @@ def test_gemv_rejects_bad_shapes():
         gemv(torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE), torch.randn(5, device=DEVICE))
 
 
+def test_quantize_fp8_round_trip():
+    """Per-row scales: every row's largest |value| becomes 448, and dequantized weights are within
+    e4m3's relative rounding (2^-4 of the row's amax, worst case) of the originals."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(37, 130, generator=gen) * torch.logspace(-3, 2, 37)[:, None]  # rows of very different size
+    w[5] = 0.0
+    w8, scale = quantize_fp8(w)
+    assert w8.dtype == FP8 and scale.shape == (37,) and scale[5] == 1.0
+    assert torch.equal(w8.float().abs().amax(dim=1)[torch.arange(37) != 5], torch.full((36,), 448.0))
+    err = (w8.float() * scale[:, None] - w).abs().amax(dim=1) / w.abs().amax(dim=1).clamp_min(1e-30)
+    assert float(err.max()) <= 2**-4
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 40, 96), (5, 17, 200), (16, 64, 64), (40, 33, 130), (MAX_ROWS_FP8, 24, 48)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_fp8_weights_match_dequantized_reference(m, n, k, with_bias):
+    """fp8 weights + per-row scale, x in bfloat16 (the model's dtype on GPU) and float32: the kernel
+    equals F.linear with the dequantized weights, from 1 row to a prefill chunk (256)."""
+    gen = torch.Generator().manual_seed(m * 7 + n + k)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _rand((m, k), gen, dtype)
+        w8, scale = quantize_fp8(_rand((n, k), gen, torch.float32))
+        w8, scale = w8.to(DEVICE), scale.to(DEVICE)
+        b = _rand((n,), gen, dtype) if with_bias else None
+        got = gemv(x, w8, b, scale=scale)
+        ref = F.linear(x.float(), w8.float() * scale[:, None], None if b is None else b.float())
+        assert got.dtype == dtype and got.shape == (m, n)
+        rel = float((got.float() - ref).abs().max() / ref.abs().max())
+        assert rel <= TOL[dtype], (dtype, rel)
+        rel_ref = float((gemv_ref(x, w8, b, scale).float() - ref).abs().max() / ref.abs().max())
+        assert rel_ref <= TOL[dtype]
+
+
+def test_gemv_fp8_rejects_bad_arguments():
+    w8, scale = quantize_fp8(torch.randn(4, 8))
+    w8, scale, x = w8.to(DEVICE), scale.to(DEVICE), torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="need their scale"):
+        gemv(x, w8)
+    with pytest.raises(ValueError, match="need their scale"):
+        gemv(x, torch.randn(4, 8, device=DEVICE), scale=scale)
+    with pytest.raises(ValueError, match="kind 'dot'"):
+        gemv(x, w8, scale=scale, kind="fma")
+    with pytest.raises(ValueError, match="at most 256"):
+        gemv(torch.randn(MAX_ROWS_FP8 + 1, 8, device=DEVICE), w8, scale=scale)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m,kind", [(1, "fma"), (4, "fma"), (16, "fma"), (1, "dot"), (5, "dot"), (16, "dot")])
@@ -77,4 +123,23 @@ def test_gpu_8b_shapes_in_cuda_graph(m, kind):
     ref = F.linear(x.float(), w.float())
     graph.replay()
     torch.cuda.synchronize()
+    assert float((y.float() - ref).abs().max() / ref.abs().max()) <= 1.6e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+def test_gpu_fp8_8b_shapes_in_cuda_graph(m):
+    gen = torch.Generator().manual_seed(m)
+    w8, scale = quantize_fp8(_rand((14336 * 2, 4096), gen, torch.float32))
+    w8, scale = w8.cuda(), scale.cuda()
+    x = _rand((m, 4096), gen, torch.bfloat16)
+    gemv(x, w8, scale=scale)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gemv(x, w8, scale=scale)
+    x.copy_(_rand((m, 4096), gen, torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = F.linear(x.float(), w8.float() * scale[:, None])
     assert float((y.float() - ref).abs().max() / ref.abs().max()) <= 1.6e-2

@@ -33,6 +33,9 @@ from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
 
 SHARED_BYTES = 220 * 1024  # pipeline buffers' budget: Hopper has 227 KB of shared memory per block
 MAX_ROWS = 16  # more token rows: use F.linear (cuBLAS is efficient once M fills an MMA tile)
+MAX_ROWS_FP8 = 256  # fp8 weights: every forward (cuBLAS has no bf16 x fp8 GEMM), up to a prefill chunk
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
 
 
 @triton.jit
@@ -58,9 +61,9 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 
 
 @triton.jit
-def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
-                       IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _skinny_dot_kernel(X, W, S, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
+                       HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,6 +89,8 @@ def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BI
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
                      other=0.0)  # (BLOCK_K, BLOCK_M)
         acc = _dot(w, xt, acc, IEEE, UPCAST)
+    if HAS_SCALE:  # fp8 weights: one scale per weight row (output column), constant over K
+        acc *= tl.load(S + cols, mask=ok_n, other=0.0)[:, None]
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
     tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
@@ -94,7 +99,9 @@ def _skinny_dot_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BI
 
 @triton.jit
 def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """acc (BLOCK_N, BLOCK_M) += w (BLOCK_N, BLOCK_K) @ xt (BLOCK_K, BLOCK_M)."""
+    """acc (BLOCK_N, BLOCK_M) += w (BLOCK_N, BLOCK_K) @ xt (BLOCK_K, BLOCK_M); fp8 weights are
+    widened to x's dtype in registers (the bytes saved are in the load)."""
+    w = w.to(xt.dtype)
     if UPCAST:  # see `_interpreted_bf16`
         w, xt = w.to(tl.float32), xt.to(tl.float32)
     if IEEE:
@@ -120,13 +127,17 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-         block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
-         num_stages: int | None = None, kind: str = "dot", pdl: bool = False) -> torch.Tensor:
+         scale: torch.Tensor | None = None, block_n: int | None = None, block_k: int | None = None,
+         num_warps: int = 4, num_stages: int | None = None, kind: str = "dot", pdl: bool = False) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 16 (MAX_ROWS); x and weight need a contiguous last dim. One launch, grid ceil(N / BLOCK_N);
     no host sync, so it can be captured in a CUDA graph. num_stages: Triton's software pipelining
     depth of the K loop (None: Triton's default).
+
+    fp8 weights (float8_e4m3fn, from `quantize_fp8`) need `scale` (N,) float32, the per-row scale:
+    y = x @ (weight * scale[:, None]).T + bias, half the bytes of bf16 weights; kind "dot" only,
+    M <= 256 (MAX_ROWS_FP8: the token rows fill the MMA's N side, padded to a power of two >= 16).
 
     kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; block_n default 64, block_k
     256 for N <= 4096 else 128; float32 inputs use IEEE products, not TF32). kind "fma": broadcast
@@ -138,8 +149,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
     m, k = x.shape
     n = weight.shape[0]
-    if m > MAX_ROWS:
-        raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {m}: use F.linear")
+    fp8 = weight.dtype == FP8
+    if fp8 != (scale is not None):
+        raise ValueError("fp8 weights need their scale (N,), and only fp8 weights take one")
+    if fp8 and (scale.shape != (n,) or scale.dtype != torch.float32 or kind != "dot"):
+        raise ValueError(f"fp8 weights: scale must be ({n},) float32 and kind 'dot'")
+    if m > (MAX_ROWS_FP8 if fp8 else MAX_ROWS):
+        raise ValueError(f"gemv takes at most {MAX_ROWS_FP8 if fp8 else MAX_ROWS} rows, got {m}: use F.linear")
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight need a contiguous last dim")
     if bias is not None and bias.shape != (n,):
@@ -153,16 +169,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         # measured best on the H200 (bench_gemv-2026-12-02: 1-16 rows, Llama-3-8B shapes): 64 weight
         # rows per program, 256-wide K steps for the N = 4096 outputs (o, down: fewer programs, so
         # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
-        bn, bk = block_n or 64, block_k or (256 if n <= 4096 else 128)
-        stage_bytes = (bn + 16) * bk * x.element_size()  # one weight tile + one x tile
+        bm = max(16, triton.next_power_of_2(m))
+        bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
+        stage_bytes = (bn * weight.element_size() + bm * x.element_size()) * bk  # one weight tile + one x tile
         # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
         room = SHARED_BYTES - (stage_bytes if pdl else 0)
         stages = stages or {"num_stages": max(1, min(5, room // stage_bytes))}
         ieee, upcast = x.dtype == torch.float32 or _interpreted_bf16(x.dtype), _interpreted_bf16(x.dtype)
         _skinny_dot_kernel[(triton.cdiv(n, bn),)](
-            x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0),
-            y.stride(0), HAS_BIAS=bias is not None, IEEE=ieee, UPCAST=upcast, BLOCK_M=16, BLOCK_N=bn,
-            BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages, **launch_options(pdl),
+            x, weight, scale if fp8 else x, bias if bias is not None else x, y, m, n, k, x.stride(0),
+            weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee, UPCAST=upcast,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages, **launch_options(pdl),
         )
         return y
     if kind != "fma":
@@ -176,6 +193,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return y
 
 
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure-torch reference: the model's `F.linear`."""
-    return F.linear(x, weight, bias)
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+             scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Pure-torch reference: the model's `F.linear`; fp8 weights dequantized (weight * scale)."""
+    if scale is None:
+        return F.linear(x, weight, bias)
+    return F.linear(x, (weight.float() * scale[:, None]).to(x.dtype), bias)
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight (N, K) -> (float8_e4m3fn (N, K), scale (N,) float32), per row: scale = amax / 448,
+    so each row's largest |value| maps to e4m3's largest finite value (relative rounding error
+    <= 2^-4 per element). Rows of zeros get scale 1."""
+    amax = weight.float().abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (weight.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale

@@ -334,7 +334,7 @@ def profile_shard(job: ShardJob, device: str, dtype: torch.dtype, timer: Timer, 
         k = min(TREE_WIDTH, shard.vocab)
         small = {
             "embed": lambda ids=ids: model.embed[ids],
-            "lm_head": lambda x=x: model._lin(rms_norm(x, model.norm, spec.rms_eps), model.lm_head).float(),
+            "lm_head": lambda x=x: model._lin(rms_norm(x, model.norm, spec.rms_eps), model.lm_head, None, model.lm_head_scale).float(),
             "tree_growth": lambda lg=logits, k=k: top_logprobs(lg, k),  # what DraftTree.grow runs
         }
         for op, fn in small.items():

@@ -127,6 +127,8 @@ class Layer(nn.Module):
         self.wo = p(h, shard.q_heads * hd)
         self.w13 = p(2 * shard.ffn, h)
         self.w2 = p(h, shard.ffn)
+        # per-row scales of fp8 weights (`Transformer.quantize_fp8`); None: weights in the model dtype
+        self.wqkv_scale = self.wo_scale = self.w13_scale = self.w2_scale = None
 
 
 class Transformer(nn.Module):
@@ -160,6 +162,8 @@ class Transformer(nn.Module):
             self.lm_head = self.embed  # shared storage, as in HF
         else:
             self.lm_head = nn.Parameter(torch.zeros(self.shard.vocab, spec.hidden, **z), requires_grad=False)
+        self.lm_head_scale: torch.Tensor | None = None
+        self.weight_format = "native"  # or "fp8" (quantize_fp8)
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
         self.scale = spec.head_dim**-0.5
         self.set_attention(attention)
@@ -173,17 +177,43 @@ class Transformer(nn.Module):
         stream), `F.linear` above that. The choice is per forward shape, so a captured graph holds one."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
-        self._gemv, self._gemv_rows = None, 0
+        self._gemv, self._gemv_rows, self._gemv_fp8_rows = None, 0, 0
         if impl == "triton":
             try:
-                from swiftspec.kernels.gemv import MAX_ROWS, gemv
+                from swiftspec.kernels.gemv import MAX_ROWS, MAX_ROWS_FP8, gemv
             except ImportError as e:
                 raise UserError(f"the triton linear is not available ({e}); use linear 'torch'") from None
-            self._gemv, self._gemv_rows = gemv, MAX_ROWS
+            self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, MAX_ROWS, MAX_ROWS_FP8
         self.linear = impl
 
-    def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`)."""
+    def quantize_fp8(self) -> None:
+        """Weight-only fp8: every GEMM weight (qkv, o, gate/up, down, LM head) becomes float8_e4m3fn
+        with a float32 scale per output row (`kernels.gemv.quantize_fp8`): half the bytes a decode
+        step streams. Embeddings and norms stay in the model dtype; a tied LM head gets its own
+        fp8 copy. Outputs change by the quantization (a different model, not a faster equal one).
+        The GEMMs then run through the fp8 skinny linear with `set_linear("triton")`, else
+        dequantized per call (the reference path, slow)."""
+        from swiftspec.kernels.gemv import quantize_fp8
+
+        if self.weight_format == "fp8":
+            return
+        for layer in self.layers:
+            for name in ("wqkv", "wo", "w13", "w2"):
+                w8, scale = quantize_fp8(getattr(layer, name).data)
+                setattr(layer, name, nn.Parameter(w8, requires_grad=False))
+                setattr(layer, f"{name}_scale", scale)
+        w8, self.lm_head_scale = quantize_fp8(self.lm_head.data)
+        self.lm_head = nn.Parameter(w8, requires_grad=False)
+        self.weight_format = "fp8"
+
+    def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+             scale: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`); `scale` (N,):
+        w is fp8 (`quantize_fp8`)."""
+        if scale is not None:
+            if self._gemv is not None and x.shape[0] <= self._gemv_fp8_rows:
+                return self._gemv(x.contiguous(), w, b, scale=scale, kind="dot", pdl=self.pdl)
+            return F.linear(x, w.to(x.dtype) * scale[:, None].to(x.dtype), b)
         if self._gemv is not None and x.shape[0] <= self._gemv_rows:
             # the faster kind at 1-16 rows (bench_gemv)
             return self._gemv(x.contiguous(), w, b, kind="dot", pdl=self.pdl)
@@ -301,10 +331,10 @@ class Transformer(nn.Module):
         x = self.embed[tokens]
         if self._fused_ops is not None:
             x = self._layers_triton(x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed)
-            return self._gather_logits(self._lin(x, self.lm_head).float())
+            return self._gather_logits(self._lin(x, self.lm_head, None, self.lm_head_scale).float())
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm, spec.rms_eps)
-            qkv = self._lin(h, layer.wqkv, layer.bqkv)
+            qkv = self._lin(h, layer.wqkv, layer.bqkv, layer.wqkv_scale)
             q = self._rope(qkv[:, :nq].view(t, sh.q_heads, hd), cos, sin)
             k = self._rope(qkv[:, nq : nq + nkv].view(t, sh.kv_heads, hd), cos, sin)
             v = qkv[:, nq + nkv :].view(t, sh.kv_heads, hd)
@@ -312,11 +342,12 @@ class Transformer(nn.Module):
             kc[:, slots] = k.transpose(0, 1)
             vc[:, slots] = v.transpose(0, 1)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
-            x = x + self._all_reduce(self._lin(a.reshape(t, nq), layer.wo))
+            x = x + self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_scale))
             h = self._norm(x, layer.mlp_norm, spec.rms_eps)
-            x = x + self._all_reduce(self._lin(self._act(self._lin(h, layer.w13)), layer.w2))
+            up = self._act(self._lin(h, layer.w13, None, layer.w13_scale))
+            x = x + self._all_reduce(self._lin(up, layer.w2, None, layer.w2_scale))
         x = self._norm(x, self.norm, spec.rms_eps)
-        return self._gather_logits(self._lin(x, self.lm_head).float())
+        return self._gather_logits(self._lin(x, self.lm_head, None, self.lm_head_scale).float())
 
     def _attend(self, q, kc, vc, prefix_len, tree_mask, allowed, packed) -> torch.Tensor:
         """One layer's tree attention by the chosen impl: q (T, Hq, D) -> (T, Hq, D)."""
@@ -340,11 +371,12 @@ class Transformer(nn.Module):
         h, res = add_rmsnorm(x, None, norms[0], spec.rms_eps, pdl=pdl)
         for i, layer in enumerate(self.layers):
             kc, vc = cache.k[i], cache.v[i]
-            qkv = self._lin(h, layer.wqkv, layer.bqkv)
+            qkv = self._lin(h, layer.wqkv, layer.bqkv, layer.wqkv_scale)
             q = rope_kv(qkv, cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads, pdl=pdl)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
-            o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo))
+            o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_scale))
             h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps, pdl=pdl)
-            down = self._all_reduce(self._lin(act(self._lin(h, layer.w13), pdl=pdl), layer.w2))
+            up = act(self._lin(h, layer.w13, None, layer.w13_scale), pdl=pdl)
+            down = self._all_reduce(self._lin(up, layer.w2, None, layer.w2_scale))
             h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps, pdl=pdl)
         return h

@@ -199,6 +199,7 @@ def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
 
 
 PDL_CHOICES = ("auto", "on", "off")
+WEIGHT_FORMATS = ("native", "fp8")
 
 
 def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool:
@@ -243,6 +244,7 @@ def load_model(
     linear: str = "auto",
     pdl: str = "auto",
     num_layers: int | None = None,
+    weight_format: str = "native",
 ) -> Transformer:
     """The model of one TP rank. `path_or_name`: checkpoint folder or bundled name (random only).
 
@@ -259,8 +261,13 @@ def load_model(
     pdl: "auto" (see `resolve_pdl`), "on" or "off" (see `Transformer.set_pdl`).
 
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
+    weight_format: "native" (the GEMM weights in `dtype`) or "fp8" (`Transformer.quantize_fp8`:
+    weight-only float8_e4m3fn with per-row scales, run by the fp8 skinny linear; not yet measured
+    on a GPU, so no verb defaults to it).
     The returned model carries `model.weights` = "checkpoint" | "random" for labelling outputs.
     """
+    if weight_format not in WEIGHT_FORMATS:
+        raise UserError(f"weight_format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     if weights not in WEIGHT_KINDS:
         raise UserError(f"weights must be one of {', '.join(WEIGHT_KINDS)}, got {weights!r}")
     if not 0 <= tp_rank < tp_size:
@@ -283,6 +290,8 @@ def load_model(
     model.set_linear(resolve_linear(device, linear))
     model.set_pdl(resolve_pdl(device, pdl))
     _fill(model, read, names)
+    if weight_format == "fp8":
+        model.quantize_fp8()
     model.weights = weights
     return model.eval()
 
