@@ -44,13 +44,14 @@ PY=${PY:-python3}
 MODELS=${MODELS:-Llama-3-70B,Llama-3-8B,Llama-3.2-3B,Llama-3.2-1B,Qwen2-72B,Qwen2-1.5B,Llama-3.3-70B,R1-Distill-Llama-70B,R1-Distill-Llama-8B,R1-Distill-Qwen-1.5B,R1-Distill-Qwen-32B,deepseek-coder-33b,deepseek-coder-1.3b}
 EXTRA=${EXTRA:-}  # e.g. EXTRA="--quick" for a smoke test
 ATTENTION=${ATTENTION:-auto}  # the runtime's default (Triton kernels on CUDA); ATTENTION=torch profiles SDPA
+WEIGHT_FORMAT=${WEIGHT_FORMAT:-native}  # fp8: weight-only fp8 shards (give another OUT: a folder keeps one format)
 
 t0=$(date +%s)
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null || true
 
 $PY -m swiftspec profile compute --device "$DEVICE" --models "$MODELS" -o "$P" --time-budget "$BUDGET" \
-    --attention "$ATTENTION" $EXTRA \
+    --attention "$ATTENTION" --weight-format "$WEIGHT_FORMAT" $EXTRA \
     2>&1 | tee "$OUT/compute.log"
 echo "compute done after $(( $(date +%s) - t0 )) s"
 

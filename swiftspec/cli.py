@@ -301,9 +301,12 @@ def profile_group() -> None:
               help="Copy rows to models whose shapes equal an earlier model's instead of re-timing.")
 @click.option("--attention", default="auto", show_default=True,
               help="auto (the runtime's default: triton on CUDA, torch on CPU) | torch (SDPA) | triton.")
+@click.option("--weight-format", default="native", show_default=True,
+              help="native (GEMM weights in --dtype) | fp8 (weight-only float8 e4m3, per-row scales; "
+                   "not yet measured: a separate profile folder).")
 @click.option("--time-budget", type=float, default=None, help="Seconds; then stop and write what was measured.")
 def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
-                        time_budget) -> None:  # fmt: skip
+                        weight_format, time_budget) -> None:  # fmt: skip
     """Time forward/layers, embed, LM head, tree growth, KV compaction and host work per iteration."""
     import torch
 
@@ -319,7 +322,7 @@ def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, 
     res = profile_compute(
         [m.strip() for m in models.split(",") if m.strip()], output, device=device, grid=grid,
         timing=TimingConfig.for_device(device, quick), dtype=dtype, host=host, alias=alias, attention=attention,
-        time_budget_s=time_budget, progress=sys.stderr.isatty(),
+        weight_format=weight_format, time_budget_s=time_budget, progress=sys.stderr.isatty(),
         log=None if sys.stderr.isatty() else (lambda line: click.echo(line, err=True)),
     )  # fmt: skip
     for line in res.skipped:

@@ -485,6 +485,8 @@ class Profile:
         src = self.meta.get("source", "measured")
         if src == "measured":
             label = f"measured, {self.meta.get('gpu', '?')}, {str(self.meta.get('date', '?'))[:10]}"
+            if self.meta.get("weight_format", "native") != "native":
+                label += f", {self.meta['weight_format']} weights"
             unmeasured = list(self.meta.get("unmeasured") or [])
             comm = self.meta.get("comm")
             if isinstance(comm, dict) and comm.get("source") == "derived" and not any(

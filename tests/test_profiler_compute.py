@@ -18,7 +18,7 @@ from swiftspec.profiler.compute import (
     shard_model,
 )
 from swiftspec.runtime.weights import kernel_mismatch
-from swiftspec.spec import ModelSpec, Profile
+from swiftspec.spec import ModelSpec, Profile, UserError
 
 GRID = ComputeGrid(tps=(1, 2), tokens=(1, 2, 4), kv=(16, 32, 64), compact=(1, 4))
 FAST = TimingConfig(warmup=1, min_repeats=3, max_repeats=3, target_ms=1.0, unroll=1)
@@ -208,3 +208,25 @@ def test_cli_check_reports_errors_per_op(cpu_profile, monkeypatch, capsys):
     assert "layers" in text and "worst points" in text
     rows = [line.split() for line in text.splitlines() if line.strip().startswith(("layers", "all"))]
     assert rows[0][:2] == ["layers", str(2 * 3 + 2 * 3)]
+
+
+def test_fp8_profile_is_labelled_and_kept_apart(cpu_profile, make_checkpoint, tmp_path):
+    """--weight-format fp8: the shards are quantized (their weight bytes halve the forward's),
+    meta.json and the label say fp8, the runtime's native defaults are flagged as a mismatch, and
+    a folder holding native rows refuses fp8 ones."""
+    ckpt, native_out, _ = cpu_profile
+    grid = ComputeGrid(tps=(1,), tokens=(1, 2), kv=(16, 32), compact=(1,))
+    out = tmp_path / "fp8"
+    res = profile_compute([str(ckpt)], out, device="cpu", grid=grid, timing=FAST, host=False, progress=False,
+                          weight_format="fp8")  # fmt: skip
+    prof = Profile.load(out)
+    assert prof.meta["weight_format"] == "fp8" and ", fp8 weights" in prof.label
+    assert any(m.startswith("weight_format: profile fp8") for m in kernel_mismatch(prof.meta, "cpu"))
+    assert (res.compute["op"] == "forward").any()
+    assert Profile.load(native_out).meta["weight_format"] == "native"
+    with pytest.raises(UserError, match="holds a native-weight profile"):
+        profile_compute([str(ckpt)], native_out, device="cpu", grid=grid, timing=FAST, host=False, progress=False,
+                        weight_format="fp8")  # fmt: skip
+    with pytest.raises(UserError, match="--weight-format must be one of"):
+        profile_compute([str(ckpt)], tmp_path / "x", device="cpu", grid=grid, timing=FAST, host=False,
+                        progress=False, weight_format="int4")  # fmt: skip

@@ -206,12 +206,12 @@ def without_comm(model) -> None:
 
 
 def shard_model(name_or_path: str, tp: int, device: str, dtype: torch.dtype, seed: int = 0,
-                attention: str = "auto"):
+                attention: str = "auto", weight_format: str = "native"):
     """Rank 0 of a `tp`-way shard with random weights at real shapes, communication skipped."""
     from swiftspec.runtime.weights import load_model
 
     model = load_model(name_or_path, weights="random", device=device, dtype=dtype, tp_rank=0, tp_size=tp, seed=seed,
-                       attention=attention)  # fmt: skip
+                       attention=attention, weight_format=weight_format)  # fmt: skip
     without_comm(model)
     return model
 
@@ -250,6 +250,7 @@ class ShardJob:
     grid: ComputeGrid
     done: set = field(default_factory=set)
     attention: str = "auto"
+    weight_format: str = "native"
 
     def keys(self) -> list[tuple]:
         m, t = self.name, self.tp
@@ -279,7 +280,7 @@ def profile_shard(job: ShardJob, device: str, dtype: torch.dtype, timer: Timer, 
     todo = set(job.todo())
     if not todo:
         return
-    model = shard_model(job.source, job.tp, device, dtype, attention=job.attention)
+    model = shard_model(job.source, job.tp, device, dtype, attention=job.attention, weight_format=job.weight_format)
     spec, shard = model.spec, model.shard
     gen = torch.Generator(device=device).manual_seed(1234)
     dev = torch.device(device)
@@ -503,6 +504,7 @@ def profile_compute(
     host_decodes: tuple[int, int] = (3, 48),
     alias: bool = True,
     attention: str = "auto",
+    weight_format: str = "native",
     time_budget_s: float | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
@@ -515,6 +517,8 @@ def profile_compute(
     host_decodes: (prompts, new tokens) of each mode's decodes for the `host` rows.
     attention: the runtime's attention implementation to time ("auto" = the runtime's default for
     the device, "torch" SDPA or "triton"); the small ops use the runtime's default fusion. log: called with one line per finished (model, tp) (for non-interactive runs).
+    weight_format: "native" or "fp8" (`load_model(weight_format=...)`; recorded in meta.json and
+    the profile's label; a folder keeps one format).
     """
     if device not in ("cpu", "cuda"):
         raise UserError(f"unknown device {device!r}: choose cpu or cuda")
@@ -531,15 +535,22 @@ def profile_compute(
         if not vals or any(v < 1 for v in vals):
             raise UserError(f"{name} needs positive integers, got {list(vals)}")
     timing = timing or TimingConfig.for_device(device)
-    from swiftspec.runtime.weights import kernel_settings, resolve_kernels
+    from swiftspec.runtime.weights import WEIGHT_FORMATS, kernel_settings, resolve_kernels
 
     attention, fusion = resolve_kernels(device, attention)
     # what the profiled forwards run: the device defaults, with the attention asked for
-    kernels = {**kernel_settings(device), "attention": attention, "fusion": fusion}
+    kernels = {**kernel_settings(device), "attention": attention, "fusion": fusion, "weight_format": weight_format}
     if attention != "triton":
         kernels["attention_combine"] = "-"
+    if weight_format not in WEIGHT_FORMATS:
+        raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     parsed = _parse_models(models)
     out = Path(out)
+    old_meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
+    if old_meta.get("weight_format", "native") != weight_format and (
+            (out / "compute.csv").exists() or (out / PARTIAL).exists()):  # fmt: skip
+        raise UserError(f"{out} holds a {old_meta.get('weight_format', 'native')}-weight profile: write the "
+                        f"{weight_format} one to another folder (-o)")
     out.mkdir(parents=True, exist_ok=True)
     partial_path = out / PARTIAL
     partial = _read_partial(partial_path)
@@ -554,7 +565,7 @@ def profile_compute(
             continue
         seen.setdefault(key, name)
         for tp in grid.tps:
-            jobs.append(ShardJob(name, source, spec, tp, grid, done, attention))
+            jobs.append(ShardJob(name, source, spec, tp, grid, done, attention, weight_format))
     host_keys = [("host", m.value, 1, 0, 0) for m in HOST_MODES] if host else []
 
     fh = partial_path.open("a", newline="")

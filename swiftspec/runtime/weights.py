@@ -210,7 +210,7 @@ def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool:
     return pdl == "on"
 
 
-KERNEL_SETTINGS = ("attention", "attention_combine", "fusion", "linear", "pdl", "tree_growth")
+KERNEL_SETTINGS = ("attention", "attention_combine", "fusion", "linear", "pdl", "tree_growth", "weight_format")
 
 
 def kernel_settings(device: str | torch.device) -> dict[str, str]:
@@ -219,7 +219,7 @@ def kernel_settings(device: str | torch.device) -> dict[str, str]:
     attention, fusion = resolve_kernels(device)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
             "fusion": fusion, "linear": resolve_linear(device), "pdl": "on" if resolve_pdl(device) else "off",
-            "tree_growth": resolve_tree_growth(device)}
+            "tree_growth": resolve_tree_growth(device), "weight_format": "native"}
 
 
 def kernel_mismatch(meta: dict, device: str | torch.device) -> list[str]:
