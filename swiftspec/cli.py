@@ -242,9 +242,14 @@ def _int_list(text: str | None, flag: str) -> list[int] | None:
 @click.option("--eos/--no-eos", default=True, show_default=True, help="Stop at the config's EOS ids.")
 @click.option("--max-len", type=int, default=4096, show_default=True, help="Most KV-cache slots per model.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
+@click.option("--weight-format", default="native", show_default=True,
+              help="native | fp8 (weight-only float8 e4m3 GEMM weights, per-row scales: a quantized model, "
+                   "not yet measured on a GPU).")
+@click.option("--tree-growth", default="auto", show_default=True,
+              help="The draft's top-k: auto | torch | triton | graph (replayed from CUDA graphs; not yet measured).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_ids, max_new_tokens, device,
-             dtype, weights, eos, max_len, seed, as_json) -> None:  # fmt: skip
+             dtype, weights, eos, max_len, seed, weight_format, tree_growth, as_json) -> None:  # fmt: skip
     """Decode one prompt on one process: autoregressive, chain or serial (tree) speculation."""
     import json
 
@@ -256,13 +261,14 @@ def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_
     res = generate_from_checkpoints(
         target, draft if m is not Mode.autoregressive else None, mode=m, policy=policy, prompt=prompt,
         prompt_ids=_int_list(prompt_ids, "--prompt-ids"), max_new_tokens=max_new_tokens, device=device,
-        dtype=dtype, weights=weights, eos=eos, max_len=max_len, seed=seed,
+        dtype=dtype, weights=weights, eos=eos, max_len=max_len, seed=seed, weight_format=weight_format,
+        tree_growth=tree_growth,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(to_jsonable(res.to_dict())))
         return
     click.echo(f"mode: {res.mode}  policy: {res.policy}  device: {device}  dtype: {dtype}")
-    click.echo(f"weights: {res.weights}")
+    click.echo(f"weights: {res.weights}" + (f" ({res.weight_format})" if res.weight_format != "native" else ""))
     click.echo(f"tokens: {' '.join(map(str, res.tokens))}")
     if res.text is not None:
         click.echo(f"text: {res.text!r}")

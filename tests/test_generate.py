@@ -197,6 +197,22 @@ def test_cli_text_prompt_random_weights(make_checkpoint, monkeypatch, capsys) ->
     assert code == 0 and "weights: random" in out.splitlines()
 
 
+def test_cli_fp8_is_labelled_and_lossless(make_checkpoint, monkeypatch, capsys) -> None:
+    """--weight-format fp8: the JSON says so, and serial speculation over the fp8 pair gives the
+    fp8 target's own greedy tokens (--tree-growth graph falls back to torch on CPU)."""
+    target, draft = make_checkpoint("llama"), make_checkpoint("llama", **SMALL_DRAFT)
+    common = ["--target", target, "--prompt-ids", "5,6,7", "--max-new-tokens", 8, "--no-eos",
+              "--weight-format", "fp8", "--json"]  # fmt: skip
+    code, out, err = cli(["generate", *common], monkeypatch, capsys)
+    assert code == 0, err
+    ref = json.loads(out)
+    code, out, err = cli(["generate", *common, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2, "--d", 2,
+                          "--tree-growth", "graph"], monkeypatch, capsys)  # fmt: skip
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["weight_format"] == ref["weight_format"] == "fp8" and res["tokens"] == ref["tokens"]
+
+
 BAD = {
     "missing": (lambda mk: ["--target", "/no/such/checkpoint", "--prompt-ids", "1,2"], "no/such/checkpoint"),
     "architecture": (lambda mk: ["--target", mk("llama", model_type="gpt2"), "--prompt-ids", "1,2"], "gpt2"),
@@ -208,6 +224,10 @@ BAD = {
     "chain-w": (lambda mk: ["--target", mk("llama"), "--draft", mk("llama"), "--mode", "chain", "--w", 2,
                             "--prompt-ids", "1"], "--w 1"),  # fmt: skip
     "no-draft": (lambda mk: ["--target", mk("llama"), "--mode", "serial", "--prompt-ids", "1"], "--draft"),
+    "weight-format": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--weight-format", "int4"],
+                      "--weight-format must be one of native, fp8"),  # fmt: skip
+    "tree-growth": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--tree-growth", "cub"],
+                    "--tree-growth must be one of"),  # fmt: skip
 }
 
 

@@ -88,6 +88,7 @@ class GenerateResult:
     decode_s: float
     stop: str  # "eos" | "max_new_tokens"
     records: list[IterationRecord] = field(default_factory=list)
+    weight_format: str = "native"  # the target's GEMM weights: "native" (the dtype) | "fp8"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -209,6 +210,7 @@ def generate(
         mean_accepted=sum(r.accepted for r in records) / max(len(records), 1),
         iterations=len(records),
         weights=weights,
+        weight_format=getattr(target.model, "weight_format", "native"),
         mode=cfg.mode.value,
         policy=policy.key,
         prompt_len=len(prompt_ids),
@@ -301,8 +303,12 @@ def generate_from_checkpoints(
     max_len: int = 4096,
     keep_subtree: bool = False,
     seed: int = 0,
+    weight_format: str = "native",
+    tree_growth: str = "auto",
 ) -> GenerateResult:
-    """Load the models, check the inputs, and run `generate` (the library side of the CLI)."""
+    """Load the models, check the inputs, and run `generate` (the library side of the CLI).
+    weight_format: both models' GEMM weights ("native" or "fp8", `load_model`); tree_growth: the
+    draft's top-k (`tree.resolve_tree_growth`)."""
     from swiftspec.runtime.weights import load_model, load_tokenizer
 
     mode = Mode.parse(mode) if isinstance(mode, str) else mode
@@ -319,13 +325,22 @@ def generate_from_checkpoints(
     if speculative and draft is None:
         raise UserError(f"{mode} mode needs a draft model: add --draft PATH")
 
+    from swiftspec.runtime.tree import TREE_GROWTH_CHOICES
+    from swiftspec.runtime.weights import WEIGHT_FORMATS
+
+    if weight_format not in WEIGHT_FORMATS:
+        raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
+    if tree_growth not in TREE_GROWTH_CHOICES:
+        raise UserError(f"--tree-growth must be one of {', '.join(TREE_GROWTH_CHOICES)}, got {tree_growth!r}")
     torch_dtype = DTYPES[dtype]
-    tmodel = load_model(target, weights=weights, device=device, dtype=torch_dtype, seed=seed)
+    tmodel = load_model(target, weights=weights, device=device, dtype=torch_dtype, seed=seed,
+                        weight_format=weight_format)  # fmt: skip
     dmodel = None
     if speculative:
         # random weights: a draft named like the target is the target (a self-draft); else its own seed
         dseed = seed if str(draft) == str(target) else seed + 1
-        dmodel = load_model(draft, weights=weights, device=device, dtype=torch_dtype, seed=dseed)
+        dmodel = load_model(draft, weights=weights, device=device, dtype=torch_dtype, seed=dseed,
+                            weight_format=weight_format)  # fmt: skip
     tokenizer = load_tokenizer(resolve_model_path(target))
     vocab = tmodel.spec.vocab
     if dmodel is not None and dmodel.spec.vocab != vocab:
@@ -365,6 +380,7 @@ def generate_from_checkpoints(
             dmodel,
             cache_slots(len(ids), max_new_tokens, policy, draft=True),
             vocab_limit=vocab if dmodel.spec.vocab > vocab else None,
+            tree_growth=tree_growth,
         )
     cfg = GenerateConfig(
         mode=mode,
