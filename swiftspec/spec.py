@@ -104,6 +104,7 @@ class ModelSpec:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
     max_position: int = 8192
+    weight_format: str = "native"  # "fp8": GEMM weights (qkv, o, gate/up, down, LM head) at 1 byte + row scales
 
     @classmethod
     def from_config(cls, name_or_path: str | Path, dtype_bytes: int | None = None) -> ModelSpec:
@@ -183,20 +184,30 @@ class ModelSpec:
             vocab=math.ceil(self.vocab / tp),
         )
 
+    @property
+    def fp8(self) -> bool:
+        return self.weight_format == "fp8"
+
     def layer_weight_bytes(self, tp: int = 1) -> int:
-        """Bytes of one decoder layer's weights on one rank (qkv, o, gate/up, down, 2 norms)."""
+        """Bytes of one decoder layer's weights on one rank (qkv, o, gate/up, down, 2 norms); fp8:
+        the four GEMM weights at one byte each plus a float32 scale per output row."""
         s = self.shard(tp)
-        qkv = self.hidden * (s.q_heads + 2 * s.kv_heads) * self.head_dim
-        bias = (s.q_heads + 2 * s.kv_heads) * self.head_dim if self.qkv_bias else 0
-        o = s.q_heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * s.ffn
-        return (qkv + bias + o + mlp + 2 * self.hidden) * self.dtype_bytes
+        qkv_rows = (s.q_heads + 2 * s.kv_heads) * self.head_dim
+        gemm = self.hidden * qkv_rows + s.q_heads * self.head_dim * self.hidden + 3 * self.hidden * s.ffn
+        small = (qkv_rows if self.qkv_bias else 0) + 2 * self.hidden  # bias and norms: the model dtype
+        if self.fp8:
+            return gemm + 4 * (qkv_rows + self.hidden + 2 * s.ffn + self.hidden) + small * self.dtype_bytes
+        return (gemm + small) * self.dtype_bytes
 
     def weight_bytes(self, tp: int = 1) -> int:
-        """Bytes of all weights held by one rank (embedding replicated, LM head vocab-sharded)."""
+        """Bytes of all weights held by one rank (embedding replicated, LM head vocab-sharded; fp8:
+        the LM head is its own fp8 copy even when tied)."""
         s = self.shard(tp)
         embed = self.vocab * self.hidden * self.dtype_bytes
-        lm_head = 0 if (self.tie_embeddings and tp == 1) else s.vocab * self.hidden * self.dtype_bytes
+        if self.fp8:
+            lm_head = s.vocab * (self.hidden + 4)
+        else:
+            lm_head = 0 if (self.tie_embeddings and tp == 1) else s.vocab * self.hidden * self.dtype_bytes
         return self.num_layers * self.layer_weight_bytes(tp) + embed + lm_head + self.hidden * self.dtype_bytes
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
@@ -205,7 +216,7 @@ class ModelSpec:
 
     def param_count(self) -> int:
         """Parameters of the whole model (tied embeddings counted once)."""
-        return self.weight_bytes(1) // self.dtype_bytes
+        return dataclasses.replace(self, weight_format="native", dtype_bytes=1).weight_bytes(1)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

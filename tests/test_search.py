@@ -110,3 +110,27 @@ def test_async_split_keeps_the_target_inside_one_node():
     assert {g // 8 for g in s.target_gpus} == {0} and s.draft_gpus == (8,)
     s = _placed(draft=4, target=4, per_node=8)  # one node: unchanged, draft first
     assert s.draft_gpus == (0, 1, 2, 3)
+
+
+def test_fp8_profile_makes_the_memory_fit_count_fp8_weights(tmp_path):
+    """A profile of fp8 shards (meta.json weight_format fp8) gives fp8 specs to the plan, so a
+    70B target that needs 2 GPUs in bf16 fits on one (the same profile copied, only the label
+    and the format changed)."""
+    import json
+    import shutil
+    from importlib import resources
+
+    from swiftspec.sim.search import load_inputs
+
+    src = resources.files("swiftspec") / "data" / "profiles" / "h200-measured"
+    shutil.copytree(str(src), tmp_path / "p")
+    meta = json.loads((tmp_path / "p" / "meta.json").read_text())
+    (tmp_path / "p" / "meta.json").write_text(json.dumps({**meta, "weight_format": "fp8"}))
+    native = load_inputs(profile=str(src))
+    fp8 = load_inputs(profile=str(tmp_path / "p"))
+    assert native.target.weight_format == "native" and fp8.target.weight_format == fp8.draft.weight_format == "fp8"
+    assert "fp8 weights" in fp8.profile_ref.label
+    auto = TreePolicy.autoregressive()
+    one = Split(target_gpus=(0,))
+    fits = [memory_use(i.target, None, one, Mode.autoregressive, auto, 2048, 141 * 10**9).fits for i in (native, fp8)]
+    assert fits == [False, True]

@@ -103,3 +103,24 @@ def test_acceptance_profile_validation(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(bad))
     with pytest.raises(UserError, match="summing"):
         AcceptanceProfile.load(tmp_path / "b.json")
+
+
+def test_fp8_weight_bytes_count_one_byte_per_gemm_weight():
+    """fp8 specs (what a plan on an fp8 profile uses for its memory fit): GEMM weights at one byte
+    plus a float32 scale per output row, embeddings, norms and biases in the model dtype, the LM
+    head its own fp8 copy even when tied; the parameter count does not change."""
+    import dataclasses
+
+    for name in ("Llama-3-8B", "Llama-3.2-1B", "Qwen2-1.5B"):  # untied, tied, qkv bias
+        native = ModelSpec.from_config(name)
+        fp8 = dataclasses.replace(native, weight_format="fp8")
+        for tp in (1, 2, 8):
+            s = native.shard(tp)
+            rows = (s.q_heads + 2 * s.kv_heads) * native.head_dim
+            gemm = native.hidden * rows + s.q_heads * native.head_dim * native.hidden + 3 * native.hidden * s.ffn
+            scales = 4 * (rows + 2 * native.hidden + 2 * s.ffn)
+            assert native.layer_weight_bytes(tp) - fp8.layer_weight_bytes(tp) == gemm * 2 - gemm - scales
+            lm_native = 0 if (native.tie_embeddings and tp == 1) else s.vocab * native.hidden * 2
+            diff = native.num_layers * (gemm - scales) + lm_native - s.vocab * (native.hidden + 4)
+            assert native.weight_bytes(tp) - fp8.weight_bytes(tp) == diff > 0
+        assert fp8.param_count() == native.param_count()

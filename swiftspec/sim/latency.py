@@ -222,7 +222,8 @@ class LatencyModel:
 
     def step_ms(self, model: ModelSpec, tp: int, tokens: int, kv_len: int) -> float:
         """forward_ms + the TP group's communication (see step_breakdown), ms."""
-        key = ("step", model.name, model.num_layers, model.hidden, model.dtype_bytes, tp, tokens, kv_len)
+        key = ("step", model.name, model.num_layers, model.hidden, model.dtype_bytes, model.weight_format, tp, tokens,
+               kv_len)
         if key not in self._memo:
             self._memo[key] = self.step_breakdown(model, tp, tokens, kv_len)["total"]
         return self._memo[key]

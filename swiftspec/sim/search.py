@@ -177,6 +177,10 @@ def load_inputs(
     pdev = prof.meta.get("device", "cuda")
     if pdev != device:
         raise UserError(f"profile {pref.path} was measured on {pdev}, but --device is {device}: give a {device} profile")
+    fmt = prof.meta.get("weight_format", "native")
+    if fmt != "native":  # a profile of fp8 shards: the memory fit counts fp8 weights too
+        t = replace(t, weight_format=fmt)
+        dspec = replace(dspec, weight_format=fmt) if dspec else None
     if acceptance is None:
         acc, aref = default_acceptance()
     else:
