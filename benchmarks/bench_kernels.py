@@ -58,7 +58,7 @@ from swiftspec.kernels.tree_attention import (
     tree_attention,
 )
 from swiftspec.runtime.attention import tree_attention_ref
-from swiftspec.runtime.tree import top_logprobs_host
+from swiftspec.runtime.tree import to_host, top_logprobs_host
 
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 3 * L2_BYTES  # bytes touched per graph replay, so each call reads cold lines
@@ -299,8 +299,7 @@ def bench_tree_growth(vocab, t, k, device, bw, gen):
 
         def graph_host():
             graph.replay()
-            host = packed.to("cpu", non_blocking=True)
-            torch.cuda.current_stream().synchronize()
+            (host,) = to_host(packed)
             return [x.tolist() for x in unpack_topk(host.numpy(), t, k)]
 
         rows.append({**base, "impl": "tree_growth_graph", "us": us, "rel_err": err, "wall_us": wall_us(graph_host),

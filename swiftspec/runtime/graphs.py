@@ -128,6 +128,7 @@ class GraphRunner:
         launches the kernel itself.
         """
         from swiftspec.kernels.topk import MAX_K, logsoftmax_topk_packed, unpack_topk
+        from swiftspec.runtime.tree import to_host
 
         b = self.last_bucket
         vocab = self.outputs[b].shape[-1] if b is not None else 0
@@ -149,8 +150,7 @@ class GraphRunner:
             entry = self.topk_graphs[(b, kc, vocab_limit)] = (graph, packed)
         graph, packed = entry
         graph.replay()
-        host = packed.to("cpu", non_blocking=True)
-        torch.cuda.current_stream().synchronize()
+        (host,) = to_host(packed)
         values, indices = unpack_topk(host.numpy(), b, kc)
         return values[start : start + t, :k].tolist(), indices[start : start + t, :k].tolist()
 

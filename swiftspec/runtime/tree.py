@@ -285,14 +285,14 @@ def top_logprobs_host(logits: torch.Tensor, k: int, impl: str = "auto") -> tuple
         from swiftspec.kernels.topk import MAX_K, logsoftmax_topk_packed, unpack_topk
 
         if k <= MAX_K:
-            (packed,) = _to_host(logsoftmax_topk_packed(logits, k))
+            (packed,) = to_host(logsoftmax_topk_packed(logits, k))
             values, indices = unpack_topk(packed.numpy(), t, k)
             return values.tolist(), indices.tolist()
-    values, indices = _to_host(*torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1))
+    values, indices = to_host(*torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1))
     return values.tolist(), indices.tolist()
 
 
-def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """Host copies of `tensors`; on CUDA non-blocking copies and one stream sync for all."""
     if not tensors or tensors[0].device.type != "cuda":
         return [x.cpu() for x in tensors]
