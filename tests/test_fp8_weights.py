@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from swiftspec.kernels.gemv import quantize_fp8
 from swiftspec.runtime.decoder import ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
 from swiftspec.runtime.kv_cache import KVCache
@@ -36,6 +37,12 @@ def test_fp8_model_is_quantized_and_close(make_checkpoint, tie):
     assert fp8.weight_format == "fp8" and fp8.layers[0].w13.dtype == torch.float8_e4m3fn
     assert fp8.layers[0].w13_scale.shape == (fp8.layers[0].w13.shape[0],)
     assert fp8.lm_head.dtype == torch.float8_e4m3fn and fp8.embed.dtype == torch.float32  # own LM head copy
+    # quantized while filling: the same as quantizing the native model's weights afterwards
+    w8, scale = quantize_fp8(native.layers[1].w13)
+    assert torch.equal(fp8.layers[1].w13.view(torch.uint8), w8.view(torch.uint8))
+    assert torch.equal(fp8.layers[1].w13_scale, scale)
+    w8, scale = quantize_fp8(native.lm_head)
+    assert torch.equal(fp8.lm_head.view(torch.uint8), w8.view(torch.uint8)) and torch.equal(fp8.lm_head_scale, scale)
     ids = [3, 14, 15, 92, 65, 35]
     ref, got = logits_of(native, ids), logits_of(fp8, ids)
     assert 0 < rel(got, ref) < 0.15  # quantized: different, but by e4m3 rounding only

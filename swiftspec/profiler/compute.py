@@ -47,7 +47,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -605,7 +605,8 @@ def profile_compute(
                 # margin: graph pools, logits, allocator slack; a shard that barely fits has no room for
                 # KV in practice and an OOM inside a graph capture is hard to recover from
                 margin = max(2 * 2**30, int(0.05 * total))
-                need = _shard_bytes(job.spec, job.tp, max(grid.kv) + max(grid.tokens) + 1, esize) + margin
+                spec = replace(job.spec, weight_format=job.weight_format)  # fp8: quantized while loading
+                need = _shard_bytes(spec, job.tp, max(grid.kv) + max(grid.tokens) + 1, esize) + margin
                 if need > free:
                     skipped.append(f"{job.name} tp{job.tp}: needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
                     if bar is not None:

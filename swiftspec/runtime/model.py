@@ -9,6 +9,9 @@ One `Transformer` holds the weights of one TP rank (see `weights.load_model`):
                w2   (hidden, ffn_local)                row-parallel  -> all-reduce
     lm_head    (vocab_local, hidden)                   vocab-parallel -> all-gather of logits
 
+weight_format "fp8": wqkv, wo, w13, w2 and lm_head are float8 e4m3 with a float32 scale per row
+(`{name}_scale`), and the LM head is its own copy even when tied.
+
 Head counts, ffn and vocab are zero-padded per `ModelSpec.shard(tp)`: padded query heads have zero
 rows in wqkv and zero columns in wo, so they add nothing; padded KV heads only serve padded query
 heads. Numerics follow Hugging Face (RMSNorm in float32 then cast, RoPE cos/sin in float32 cast
@@ -34,6 +37,7 @@ from swiftspec.spec import ModelSpec, Shard, UserError
 ATTENTION_IMPLS = ("torch", "ref", "triton")
 ATTENTION_COMBINE = "separate"  # tree attention's default split merge (benchmarks/KERNELS.md, 2026-12-03)
 FUSION_MODES = ("off", "compile", "triton")
+FP8 = torch.float8_e4m3fn  # weight-only fp8 GEMM weights (kernels.gemv)
 LINEAR_IMPLS = ("torch", "triton")
 
 
@@ -113,21 +117,22 @@ def sdpa_tree_attention(
 class Layer(nn.Module):
     """One decoder layer's local weights (shapes in the module docstring)."""
 
-    def __init__(self, spec: ModelSpec, shard: Shard, device, dtype):
+    def __init__(self, spec: ModelSpec, shard: Shard, device, dtype, weight_format: str = "native"):
         super().__init__()
         hd, h = spec.head_dim, spec.hidden
         qkv_rows = (shard.q_heads + 2 * shard.kv_heads) * hd
 
-        def p(*shape):
-            return nn.Parameter(torch.zeros(*shape, device=device, dtype=dtype), requires_grad=False)
+        def p(*shape, dt=dtype):
+            return nn.Parameter(torch.zeros(*shape, device=device, dtype=dt), requires_grad=False)
 
+        gemm = FP8 if weight_format == "fp8" else dtype
         self.attn_norm, self.mlp_norm = p(h), p(h)
-        self.wqkv = p(qkv_rows, h)
+        self.wqkv = p(qkv_rows, h, dt=gemm)
         self.bqkv = p(qkv_rows) if spec.qkv_bias else None
-        self.wo = p(h, shard.q_heads * hd)
-        self.w13 = p(2 * shard.ffn, h)
-        self.w2 = p(h, shard.ffn)
-        # per-row scales of fp8 weights (`Transformer.quantize_fp8`); None: weights in the model dtype
+        self.wo = p(h, shard.q_heads * hd, dt=gemm)
+        self.w13 = p(2 * shard.ffn, h, dt=gemm)
+        self.w2 = p(h, shard.ffn, dt=gemm)
+        # fp8: one float32 scale per weight row (`Transformer.set_gemm_weight`); None: model dtype
         self.wqkv_scale = self.wo_scale = self.w13_scale = self.w2_scale = None
 
 
@@ -147,6 +152,7 @@ class Transformer(nn.Module):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         attention: str = "torch",
+        weight_format: str = "native",
     ):
         super().__init__()
         if spec.architecture not in ("llama", "qwen2"):
@@ -156,14 +162,18 @@ class Transformer(nn.Module):
         self.device, self.dtype = torch.device(device), dtype
         z = dict(device=device, dtype=dtype)
         self.embed = nn.Parameter(torch.zeros(spec.vocab, spec.hidden, **z), requires_grad=False)
-        self.layers = nn.ModuleList(Layer(spec, self.shard, device, dtype) for _ in range(spec.num_layers))
+        # "fp8": the GEMM weights (qkv, o, gate/up, down, LM head) in float8 e4m3 with a scale per
+        # row, quantized as they are filled (`set_gemm_weight`), so the model-dtype copy never exists
+        self.weight_format = weight_format
+        self.layers = nn.ModuleList(Layer(spec, self.shard, device, dtype, weight_format) for _ in range(spec.num_layers))
         self.norm = nn.Parameter(torch.zeros(spec.hidden, **z), requires_grad=False)
-        if spec.tie_embeddings and tp_size == 1:
-            self.lm_head = self.embed  # shared storage, as in HF
+        if spec.tie_embeddings and tp_size == 1 and weight_format != "fp8":
+            self.lm_head = self.embed  # shared storage, as in HF (fp8: the LM head is its own copy)
         else:
-            self.lm_head = nn.Parameter(torch.zeros(self.shard.vocab, spec.hidden, **z), requires_grad=False)
+            head_dtype = FP8 if weight_format == "fp8" else dtype
+            self.lm_head = nn.Parameter(torch.zeros(self.shard.vocab, spec.hidden, device=device, dtype=head_dtype),
+                                        requires_grad=False)  # fmt: skip
         self.lm_head_scale: torch.Tensor | None = None
-        self.weight_format = "native"  # or "fp8" (quantize_fp8)
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
         self.scale = spec.head_dim**-0.5
         self.set_attention(attention)
@@ -186,30 +196,24 @@ class Transformer(nn.Module):
             self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, MAX_ROWS, MAX_ROWS_FP8
         self.linear = impl
 
-    def quantize_fp8(self) -> None:
-        """Weight-only fp8: every GEMM weight (qkv, o, gate/up, down, LM head) becomes float8_e4m3fn
-        with a float32 scale per output row (`kernels.gemv.quantize_fp8`): half the bytes a decode
-        step streams. Embeddings and norms stay in the model dtype; a tied LM head gets its own
-        fp8 copy. Outputs change by the quantization (a different model, not a faster equal one).
-        The GEMMs then run through the fp8 skinny linear with `set_linear("triton")`, else
-        dequantized per call (the reference path, slow)."""
+    def set_gemm_weight(self, owner: nn.Module, name: str, w: torch.Tensor) -> None:
+        """Write GEMM weight `name` of `owner` (a Layer, or the model for "lm_head") from `w` (N, K);
+        with fp8 weights quantized per row (`kernels.gemv.quantize_fp8`), its scale kept beside it
+        as `{name}_scale`. Outputs then change by the quantization: a different model."""
+        if self.weight_format != "fp8":
+            getattr(owner, name).copy_(w)
+            return
         from swiftspec.kernels.gemv import quantize_fp8
 
-        if self.weight_format == "fp8":
-            return
-        for layer in self.layers:
-            for name in ("wqkv", "wo", "w13", "w2"):
-                w8, scale = quantize_fp8(getattr(layer, name).data)
-                setattr(layer, name, nn.Parameter(w8, requires_grad=False))
-                setattr(layer, f"{name}_scale", scale)
-        w8, self.lm_head_scale = quantize_fp8(self.lm_head.data)
-        self.lm_head = nn.Parameter(w8, requires_grad=False)
-        self.weight_format = "fp8"
+        w8, scale = quantize_fp8(w)
+        getattr(owner, name).copy_(w8)
+        setattr(owner, f"{name}_scale", scale)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
              scale: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`); `scale` (N,):
-        w is fp8 (`quantize_fp8`)."""
+        w is fp8 (`set_gemm_weight`): the fp8 skinny linear with linear "triton", else dequantized
+        per call (the reference path, slow)."""
         if scale is not None:
             if self._gemv is not None and x.shape[0] <= self._gemv_fp8_rows:
                 return self._gemv(x.contiguous(), w, b, scale=scale, kind="dot", pdl=self.pdl)

@@ -157,25 +157,29 @@ def _fill(model: Transformer, read: Reader, names: set[str] | None) -> None:
             p = f"model.layers.{i}."
             layer.attn_norm.copy_(get(p + "input_layernorm.weight"))
             layer.mlp_norm.copy_(get(p + "post_attention_layernorm.weight"))
-            for kind, target in (("weight", layer.wqkv), ("bias", layer.bqkv)):
-                if target is None:
+            for kind in ("weight", "bias"):
+                if kind == "bias" and layer.bqkv is None:
                     continue
                 q = get(f"{p}self_attn.q_proj.{kind}", 0, sl.q, hd, sh.q_heads)
                 k = get(f"{p}self_attn.k_proj.{kind}", 0, sl.kv, hd, sh.kv_heads)
                 v = get(f"{p}self_attn.v_proj.{kind}", 0, sl.kv, hd, sh.kv_heads)
-                target.copy_(torch.cat([q, k, v], dim=0))
-            layer.wo.copy_(get(p + "self_attn.o_proj.weight", 1, sl.q, hd, sh.q_heads))
+                if kind == "bias":
+                    layer.bqkv.copy_(torch.cat([q, k, v], dim=0))
+                else:
+                    model.set_gemm_weight(layer, "wqkv", torch.cat([q, k, v], dim=0))
+            model.set_gemm_weight(layer, "wo", get(p + "self_attn.o_proj.weight", 1, sl.q, hd, sh.q_heads))
             gate = get(p + "mlp.gate_proj.weight", 0, sl.ffn, 1, sh.ffn)
             up = get(p + "mlp.up_proj.weight", 0, sl.ffn, 1, sh.ffn)
-            layer.w13.copy_(torch.cat([gate, up], dim=0))
-            layer.w2.copy_(get(p + "mlp.down_proj.weight", 1, sl.ffn, 1, sh.ffn))
+            model.set_gemm_weight(layer, "w13", torch.cat([gate, up], dim=0))
+            model.set_gemm_weight(layer, "w2", get(p + "mlp.down_proj.weight", 1, sl.ffn, 1, sh.ffn))
         if model.lm_head is not model.embed:
             if spec.tie_embeddings or (names is not None and "lm_head.weight" not in names):
                 rows = model.embed[sl.vocab[0] : sl.vocab[1]]  # this rank's rows of the tied matrix
-                model.lm_head.zero_()
-                model.lm_head[: rows.shape[0]].copy_(rows)
+                head = torch.zeros(sh.vocab, spec.hidden, device=model.device, dtype=model.dtype)
+                head[: rows.shape[0]] = rows
             else:
-                model.lm_head.copy_(get("lm_head.weight", 0, sl.vocab, 1, sh.vocab))
+                head = get("lm_head.weight", 0, sl.vocab, 1, sh.vocab)
+            model.set_gemm_weight(model, "lm_head", head)
 
 
 def resolve_kernels(device: str | torch.device, attention: str = "auto", fusion: str = "auto") -> tuple[str, str]:
@@ -261,9 +265,9 @@ def load_model(
     pdl: "auto" (see `resolve_pdl`), "on" or "off" (see `Transformer.set_pdl`).
 
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
-    weight_format: "native" (the GEMM weights in `dtype`) or "fp8" (`Transformer.quantize_fp8`:
-    weight-only float8_e4m3fn with per-row scales, run by the fp8 skinny linear; not yet measured
-    on a GPU, so no verb defaults to it).
+    weight_format: "native" (the GEMM weights in `dtype`) or "fp8" (weight-only float8_e4m3fn with
+    per-row scales, quantized while filling (`Transformer.set_gemm_weight`), run by the fp8 skinny
+    linear; not yet measured on a GPU, so no verb defaults to it).
     The returned model carries `model.weights` = "checkpoint" | "random" for labelling outputs.
     """
     if weight_format not in WEIGHT_FORMATS:
@@ -284,14 +288,13 @@ def load_model(
         read, names = _random_reader(spec, tp_rank, seed, torch.device(device), dtype), None
     attention, fusion = resolve_kernels(device, attention, fusion)
     model = Transformer(
-        spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention
+        spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention,
+        weight_format=weight_format,
     )
     model.set_fusion(fusion)
     model.set_linear(resolve_linear(device, linear))
     model.set_pdl(resolve_pdl(device, pdl))
     _fill(model, read, names)
-    if weight_format == "fp8":
-        model.quantize_fp8()
     model.weights = weights
     return model.eval()
 
