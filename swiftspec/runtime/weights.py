@@ -157,16 +157,14 @@ def _fill(model: Transformer, read: Reader, names: set[str] | None) -> None:
             p = f"model.layers.{i}."
             layer.attn_norm.copy_(get(p + "input_layernorm.weight"))
             layer.mlp_norm.copy_(get(p + "post_attention_layernorm.weight"))
-            for kind in ("weight", "bias"):
-                if kind == "bias" and layer.bqkv is None:
-                    continue
-                q = get(f"{p}self_attn.q_proj.{kind}", 0, sl.q, hd, sh.q_heads)
-                k = get(f"{p}self_attn.k_proj.{kind}", 0, sl.kv, hd, sh.kv_heads)
-                v = get(f"{p}self_attn.v_proj.{kind}", 0, sl.kv, hd, sh.kv_heads)
-                if kind == "bias":
-                    layer.bqkv.copy_(torch.cat([q, k, v], dim=0))
-                else:
-                    model.set_gemm_weight(layer, "wqkv", torch.cat([q, k, v], dim=0))
+            def qkv(kind: str, p: str = p) -> torch.Tensor:
+                return torch.cat([get(f"{p}self_attn.q_proj.{kind}", 0, sl.q, hd, sh.q_heads),
+                                  get(f"{p}self_attn.k_proj.{kind}", 0, sl.kv, hd, sh.kv_heads),
+                                  get(f"{p}self_attn.v_proj.{kind}", 0, sl.kv, hd, sh.kv_heads)], dim=0)  # fmt: skip
+
+            model.set_gemm_weight(layer, "wqkv", qkv("weight"))
+            if layer.bqkv is not None:
+                layer.bqkv.copy_(qkv("bias"))
             model.set_gemm_weight(layer, "wo", get(p + "self_attn.o_proj.weight", 1, sl.q, hd, sh.q_heads))
             gate = get(p + "mlp.gate_proj.weight", 0, sl.ffn, 1, sh.ffn)
             up = get(p + "mlp.up_proj.weight", 0, sl.ffn, 1, sh.ffn)
