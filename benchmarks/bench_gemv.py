@@ -11,7 +11,9 @@ Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: t
 bench_gemv-2026-12-02a, measured it at 3.7-32x cuBLAS's time at 4-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
 `fma_bn{N}_w{warps}`; kind "dot" (`tl.dot`, rows padded to 16) at BLOCK_N 64/128 x BLOCK_K
 64/128/256 x num_stages 3/5, named `dot_bn{N}_bk{K}_s{stages}`. `--quick`: one config of each.
-Every variant is checked against float32 `F.linear` (relative error column).
+Every variant is checked against float32 `F.linear` (relative error column). `--fp8`: the same
+weights quantized (`quantize_fp8`) through the dot kernel, named `fp8_dot_*`, against the
+dequantized weights and a floor of one byte per weight; it also runs more than 16 rows.
 Writes <out>/bench_gemv-<date>.{json,csv} with run_metadata(); prints a compact table.
 """
 
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import ROTATE_BYTES, copy_bandwidth, time_calls  # noqa: E402
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
-from swiftspec.kernels.gemv import gemv  # noqa: E402
+from swiftspec.kernels.gemv import gemv, quantize_fp8  # noqa: E402
 
 # Llama-3-8B per-layer linears (N, K) and the LM head
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -44,6 +46,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="small shapes (CPU smoke run)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also fp8 weights (quantize_fp8) through the dot kernel, up to 256 rows (--rows 1,16,64,256)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     dev = args.device
@@ -66,21 +70,38 @@ def main() -> None:
                     (b, k, s) for b in (64, 128) for k in (64, 128, 256) for s in (3, 5)]:
                 variants[f"dot_bn{bn}_bk{bk}_s{ns}"] = (
                     lambda w, bn=bn, bk=bk, ns=ns, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns, kind="dot"))
-            for impl, fn in variants.items():
+            # fp8 weights (`--fp8`): the same random weights quantized per row, against their own
+            # floor (one byte per weight) and their own reference (the dequantized weights)
+            w8s = [quantize_fp8(w) for w in ws] if args.fp8 else []
+            ref8 = F.linear(x.float(), w8s[0][0].float() * w8s[0][1][:, None]) if w8s else None
+            fp8_variants = {} if not w8s else {
+                f"fp8_dot_bn{bn}_bk{bk}_s{ns}": (lambda w, bn=bn, bk=bk, ns=ns, x=x: gemv(
+                    x, w[0], scale=w[1], block_n=bn, block_k=bk, num_stages=ns, kind="dot"))
+                for bn, bk, ns in ([(64, 128, 3)] if args.quick else [
+                    (b, k, s) for b in (64, 128) for k in (64, 128, 256) for s in (3, 5)])}  # fmt: skip
+            n_before = len(rows)
+            for impl, fn, weights, reference, nbytes in (
+                    [(i, f, ws, ref, wbytes) for i, f in variants.items()]
+                    + [(i, f, w8s, ref8, n * k) for i, f in fp8_variants.items()]):  # fmt: skip
                 try:  # a config may not fit (shared memory): record it and go on
-                    err = float((fn(ws[0]).float() - ref).abs().max() / ref.abs().max())
-                    us = time_calls([lambda w=w, fn=fn: fn(w) for w in ws], dev)
+                    err = float((fn(weights[0]).float() - reference).abs().max() / reference.abs().max())
+                    us = time_calls([lambda w=w, fn=fn: fn(w) for w in weights], dev)
                 except Exception as e:  # noqa: BLE001
                     rows.append({"rows": m, "layer": name, "n": n, "k": k, "impl": impl, "error": str(e)[:120]})
                     continue
-                floor = wbytes / bw * 1e6 if bw == bw else float("nan")
+                floor = nbytes / bw * 1e6 if bw == bw else float("nan")
                 rows.append({"rows": m, "layer": name, "n": n, "k": k, "impl": impl, "us": us, "floor_us": floor,
                              "x_floor": us / floor if floor == floor else float("nan"), "rel_err": err})
-            del ws
-            done = [r for r in rows[-len(variants):] if "us" in r]
-            best = min(done[1:], key=lambda r: r["us"])
-            print(f"m={m} {name}: floor {done[0]['floor_us']:.1f} cublas {done[0]['us']:.1f} "
-                  f"best {best['impl']} {best['us']:.1f} us", flush=True)
+            del ws, w8s
+            done = [r for r in rows[n_before:] if "us" in r and not r["impl"].startswith("fp8")]
+            best = min(done[1:], key=lambda r: r["us"], default=done[0]) if done else None
+            fp8_done = [r for r in rows[n_before:] if "us" in r and r["impl"].startswith("fp8")]
+            if best is not None:
+                print(f"m={m} {name}: floor {done[0]['floor_us']:.1f} cublas {done[0]['us']:.1f} "
+                      f"best {best['impl']} {best['us']:.1f} us", flush=True)
+            if fp8_done:
+                b8 = min(fp8_done, key=lambda r: r["us"])
+                print(f"m={m} {name}: fp8 floor {b8['floor_us']:.1f} best {b8['impl']} {b8['us']:.1f} us", flush=True)
     df = pd.DataFrame(rows)
     meta = {**run_metadata(dev), "copy_bandwidth_Bps": bw, "dtype": str(dtype).replace("torch.", ""),
             "weights": "random"}
@@ -90,6 +111,8 @@ def main() -> None:
     atomic_write_text(stem.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n")
     atomic_write_text(stem.with_suffix(".csv"), df.to_csv(index=False))
     df = df[df["us"].notna()] if "error" in df else df
+    is_fp8 = df["impl"].str.startswith("fp8")
+    fp8, df = df[is_fp8], df[~is_fp8]
     tri = df[df["impl"] != "cublas"]
     best = tri.loc[tri.groupby(["rows", "layer"])["us"].idxmin()].set_index(["rows", "layer"])
     cub = df[df["impl"] == "cublas"].set_index(["rows", "layer"])
@@ -98,6 +121,10 @@ def main() -> None:
                         "triton_x_floor": best["x_floor"]}).round(2).to_string())
     per_cfg = tri.groupby("impl")["x_floor"].median().sort_values()
     print("median x floor per config over all shapes:\n" + per_cfg.round(3).to_string())
+    if len(fp8):
+        b8 = fp8.loc[fp8.groupby(["rows", "layer"])["us"].idxmin()].set_index(["rows", "layer"])
+        print("fp8 weights (floor: one byte per weight):\n"
+              + b8[["impl", "us", "floor_us", "x_floor", "rel_err"]].round(3).to_string())
     print(f"wrote {stem}.json and .csv")
 
 
