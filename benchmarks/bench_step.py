@@ -72,9 +72,10 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
 
 def bytes_read(spec: ModelSpec, tokens: int, kv_len: int) -> int:
     """Bytes one forward must read: all weights except the embedding table (only T rows of it are
-    gathered; tied models read the table once as the LM head) plus K/V of kv_len + tokens slots."""
+    gathered; tied models read the table once as the LM head, unless fp8 gives the LM head its own
+    copy) plus K/V of kv_len + tokens slots."""
     embed = spec.vocab * spec.hidden * spec.dtype_bytes
-    weights = spec.weight_bytes(1) - (0 if spec.tie_embeddings else embed)
+    weights = spec.weight_bytes(1) - (0 if spec.tie_embeddings and not spec.fp8 else embed)
     return weights + (kv_len + tokens) * spec.kv_bytes_per_token(1)
 
 

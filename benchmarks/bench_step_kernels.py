@@ -21,7 +21,7 @@ a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
 combine="kernel")`) instead of the default second launch; a "+fp8" suffix runs a second copy of
 the model with weight-only fp8 GEMM weights (`load_model(weight_format="fp8")`; with "gemv" the
-fp8 skinny linear runs every forward) against its own floor (GEMM weights at one byte each); its
+fp8 skinny linear runs every forward) against its own floor (`bytes_read` of the fp8 spec); its
 logits differ from "off" by the quantization.
 
 Breakdown ("kind" = breakdown, CUDA only, first kv and --breakdown-tokens): torch.profiler over 5
@@ -45,6 +45,7 @@ Writes benchmarks/results/bench_step_kernels-<date>.{json,csv} with run_metadata
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
@@ -108,7 +109,7 @@ def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, l
         ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, 10, device)  # noqa: B023
         out = runner.run(toks, pos, pos, kv, mask).float()
         ref = logits.setdefault((kv, t), out) if base["fusion"] == "off" else logits.get((kv, t))
-        nbytes = step_bytes(spec, t, kv, base["weight_format"] == "fp8")
+        nbytes = bytes_read(dataclasses.replace(spec, weight_format=base["weight_format"]), t, kv)
         row = {**base, "tokens": t, "floor_ms": nbytes / bw * 1e3, "bytes": nbytes,
                "median_ms": statistics.median(ms), "p10_ms": _q(ms, 0.1), "p90_ms": _q(ms, 0.9), "reps": len(ms),
                "pred_ms": PRED_MS.get((spec.name, t, kv), float("nan")) if base["fusion"] == "triton" else float("nan")}  # fmt: skip
@@ -157,12 +158,6 @@ def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) ->
     rows.append({**base, "kind": "breakdown", "category": "wall", "kernels_per_step": sum(len(v) for v in per.values()) / replays,
                  "us_per_step": wall_us, "gap_us_per_step": wall_us - busy})  # fmt: skip
     return rows
-
-
-def step_bytes(spec, tokens: int, kv_len: int, fp8: bool) -> int:
-    """`bytes_read`, with fp8 GEMM weights at one byte each (norms and scales are noise)."""
-    total, kv = bytes_read(spec, tokens, kv_len), (kv_len + tokens) * spec.kv_bytes_per_token(1)
-    return (total - kv) // 2 + kv if fp8 else total
 
 
 def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
