@@ -342,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel microbenchmarks")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.reps < 1:
+        ap.error("--rounds and --reps must be >= 1")
     device = torch.device(args.device)
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.kv = [int(x) for x in args.kv.split(",")]
