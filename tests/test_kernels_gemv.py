@@ -74,6 +74,22 @@ def test_quantize_fp8_round_trip():
     assert float(err.max()) <= 2**-4
 
 
+def test_quantize_fp8_slices_with_the_rows_amax_equal_slices_of_the_whole():
+    """A row-parallel shard quantized with its whole rows' amax is exactly that slice of the
+    unsharded quantization (what makes an fp8 model independent of the TP size); with the slice's
+    own amax it is not."""
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(16, 96, generator=gen)
+    full8, full_scale = quantize_fp8(w)
+    amax = w.abs().amax(dim=1)
+    own = []
+    for cols in (slice(0, 40), slice(40, 96)):
+        s8, scale = quantize_fp8(w[:, cols], amax)
+        assert torch.equal(s8.float(), full8[:, cols].float()) and torch.equal(scale, full_scale)
+        own.append(torch.equal(quantize_fp8(w[:, cols])[1], full_scale))
+    assert not all(own)
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 40, 96), (5, 17, 200), (16, 64, 64), (40, 33, 130), (MAX_ROWS_FP8, 24, 48)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemv_fp8_weights_match_dequantized_reference(m, n, k, with_bias):
@@ -94,6 +110,30 @@ def test_gemv_fp8_weights_match_dequantized_reference(m, n, k, with_bias):
         assert rel_ref <= TOL[dtype]
 
 
+@pytest.mark.parametrize("m,n,k,split_k", [(1, 40, 300, 2), (3, 17, 200, 4), (16, 64, 1000, 3), (2, 8, 64, 8)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gemv_split_k_matches_reference(m, n, k, split_k, fp8):
+    """K split over programs (float32 partials, summed in order by a second launch): the result
+    equals the reference, the bias counted once, for K slices that do not divide K and for more
+    splits than K steps (clamped), and two calls agree bit for bit (no atomics)."""
+    gen = torch.Generator().manual_seed(m + n + k + split_k)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _rand((m, k), gen, dtype)
+        w = _rand((n, k), gen, torch.float32)
+        scale = None
+        if fp8:
+            w, scale = quantize_fp8(w)
+            w, scale = w.to(DEVICE), scale.to(DEVICE)
+        else:
+            w = w.to(dtype)
+        b = _rand((n,), gen, dtype)
+        got = gemv(x, w, b, scale=scale, split_k=split_k, block_k=64)
+        ref = F.linear(x.float(), w.float() * (scale[:, None] if fp8 else 1), b.float())
+        rel = float((got.float() - ref).abs().max() / ref.abs().max())
+        assert rel <= TOL[dtype], (dtype, rel)
+        assert torch.equal(got, gemv(x, w, b, scale=scale, split_k=split_k, block_k=64))
+
+
 def test_gemv_fp8_rejects_bad_arguments():
     w8, scale = quantize_fp8(torch.randn(4, 8))
     w8, scale, x = w8.to(DEVICE), scale.to(DEVICE), torch.randn(2, 8, device=DEVICE)
@@ -105,6 +145,8 @@ def test_gemv_fp8_rejects_bad_arguments():
         gemv(x, w8, scale=scale, kind="fma")
     with pytest.raises(ValueError, match="at most 256"):
         gemv(torch.randn(MAX_ROWS_FP8 + 1, 8, device=DEVICE), w8, scale=scale)
+    with pytest.raises(ValueError, match="split_k"):
+        gemv(x, w8, scale=scale, split_k=0)
 
 
 @pytest.mark.gpu

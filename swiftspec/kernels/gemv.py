@@ -61,47 +61,79 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 
 
 @triton.jit
-def _skinny_dot_kernel(X, W, S, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
-                       HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
+                       HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr,
+                       SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
-    # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream
+    # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
+    # SPLIT_K > 1: program (i, s) sums the s-th K slice into its own float32 partial in P
+    # (SPLIT_K, M, N); `_split_sum_kernel` adds them in a fixed order (deterministic, unlike atomics).
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ok_n, ok_m = cols < N, rows < M
+    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_per
+    k_hi = tl.minimum(K, k_lo + k_per)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    k_first = 0
+    k_first = k_lo
     if PDL:
         # The weights are static: start streaming the first tile before waiting for the kernel
         # that writes x, so its DRAM latency overlaps that kernel's tail (see pdl.py).
-        k_first = BLOCK_K
-        ks = tl.arange(0, BLOCK_K)
-        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & (ks < K)[None, :],
-                    other=0.0)
+        k_first = k_lo + BLOCK_K
+        ks = k_lo + tl.arange(0, BLOCK_K)
+        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
+                    mask=ok_n[:, None] & (ks < k_hi)[None, :], other=0.0)
         grid_sync(PDL)
-        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=(ks < K)[:, None] & ok_m[None, :], other=0.0)
-        acc = _dot(w, xt, acc, IEEE, UPCAST)
-    for k0 in range(k_first, K, BLOCK_K):
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=(ks < k_hi)[:, None] & ok_m[None, :], other=0.0)
+        acc = _dot(w, xt, acc, IEEE, UPCAST, F16)
+    for k0 in range(k_first, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        ok_k = ks < K
+        ok_k = ks < k_hi
         w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & ok_k[None, :],
                     other=0.0)  # (BLOCK_N, BLOCK_K)
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
                      other=0.0)  # (BLOCK_K, BLOCK_M)
-        acc = _dot(w, xt, acc, IEEE, UPCAST)
+        acc = _dot(w, xt, acc, IEEE, UPCAST, F16)
     if HAS_SCALE:  # fp8 weights: one scale per weight row (output column), constant over K
         acc *= tl.load(S + cols, mask=ok_n, other=0.0)[:, None]
     if HAS_BIAS:
-        acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
-    tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
-             mask=ok_n[:, None] & ok_m[None, :])
+        if tl.program_id(1) == 0:  # the bias once, in the first K slice
+            acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
+    if SPLIT_K == 1:
+        tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
+                 mask=ok_n[:, None] & ok_m[None, :])
+    else:
+        tl.store(P + tl.program_id(1) * M * N + rows[None, :] * N + cols[:, None], acc,
+                 mask=ok_n[:, None] & ok_m[None, :])
 
 
 @triton.jit
-def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """acc (BLOCK_N, BLOCK_M) += w (BLOCK_N, BLOCK_K) @ xt (BLOCK_K, BLOCK_M); fp8 weights are
-    widened to x's dtype in registers (the bytes saved are in the load)."""
-    w = w.to(xt.dtype)
+def _split_sum_kernel(P, Y, TOTAL, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Y (TOTAL,) = sum over s of P (SPLIT_K, TOTAL) in s order, cast to Y's dtype."""
+    grid_sync(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < TOTAL
+    acc = tl.load(P + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(P + s * TOTAL + offs, mask=ok, other=0.0)
+    tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr):
+    """acc (BLOCK_N, BLOCK_M) += w (BLOCK_N, BLOCK_K) @ xt (BLOCK_K, BLOCK_M).
+
+    fp8 weights are widened in registers (the bytes saved are in the load). F16: both operands in
+    float16, because e4m3 -> float16 is one instruction per two weights on Hopper and e4m3 ->
+    bfloat16 is not (fp8x sweep, 2026-12-03: the fp8 GEMVs 20-35 % faster). Every e4m3 value and
+    every bfloat16 x in +-65504 is exact in float16 (bfloat16 x below 2^-14 loses low bits); x
+    beyond that range saturates instead of becoming inf."""
+    if F16:
+        w = w.to(tl.float16)
+        xt = tl.clamp(xt.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    else:
+        w = w.to(xt.dtype)
     if UPCAST:  # see `_interpreted_bf16`
         w, xt = w.to(tl.float32), xt.to(tl.float32)
     if IEEE:
@@ -128,22 +160,27 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          scale: torch.Tensor | None = None, block_n: int | None = None, block_k: int | None = None,
-         num_warps: int = 4, num_stages: int | None = None, kind: str = "dot", pdl: bool = False) -> torch.Tensor:
+         num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None,
+         kind: str = "dot", pdl: bool = False) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
-    M <= 16 (MAX_ROWS); x and weight need a contiguous last dim. One launch, grid ceil(N / BLOCK_N);
+    M <= 16 (MAX_ROWS); x and weight need a contiguous last dim. Grid ceil(N / BLOCK_N) x split_k;
     no host sync, so it can be captured in a CUDA graph. num_stages: Triton's software pipelining
-    depth of the K loop (None: Triton's default).
+    depth of the K loop; num_warps, num_stages, block sizes and split_k default to the measured
+    configs below (None).
 
     fp8 weights (float8_e4m3fn, from `quantize_fp8`) need `scale` (N,) float32, the per-row scale:
     y = x @ (weight * scale[:, None]).T + bias, half the bytes of bf16 weights; kind "dot" only,
     M <= 256 (MAX_ROWS_FP8: the token rows fill the MMA's N side, padded to a power of two >= 16).
+    With bfloat16/float16 x the products run in float16 (see `_dot`).
 
-    kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; block_n default 64, block_k
-    256 for N <= 4096 else 128; float32 inputs use IEEE products, not TF32). kind "fma": broadcast
-    multiply + sum in float32 (no tensor cores; block_n 16 and 8192 products per K step).
-    pdl: launch as a programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs); the dot
-    kind then loads its first weight tile before waiting for the previous kernel.
+    kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; float32 inputs use IEEE
+    products, not TF32). split_k > 1 splits K over that many programs per column block, each
+    writing a float32 partial (split_k * M * N * 4 bytes), summed in order by a second launch
+    (`_split_sum_kernel`); fp8 weights use it (4) where N <= 8192, too few column blocks to fill
+    the GPU. kind "fma": broadcast multiply + sum in float32 (no tensor cores; block_n 16 and 8192
+    products per K step). pdl: launch as a programmatic dependent launch (`swiftspec.kernels.pdl`;
+    Hopper GPUs); the dot kind then loads its first weight tile before waiting for the previous kernel.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -160,34 +197,55 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError("x and weight need a contiguous last dim")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must be ({n},), got {tuple(bias.shape)}")
+    if split_k is not None and (split_k < 1 or kind != "dot"):
+        raise ValueError(f"split_k must be >= 1 and needs kind 'dot', got {split_k} with kind {kind!r}")
     check_pdl(pdl, x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     stages = {} if num_stages is None else {"num_stages": num_stages}
     if kind == "dot":
-        # measured best on the H200 (bench_gemv-2026-12-02: 1-16 rows, Llama-3-8B shapes): 64 weight
-        # rows per program, 256-wide K steps for the N = 4096 outputs (o, down: fewer programs, so
-        # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
         bm = max(16, triton.next_power_of_2(m))
-        bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
+        if fp8:
+            # measured best on the H200 (bench_gemv-2026-12-03b, Llama-3-8B shapes, 1-256 rows): 1-16
+            # rows and N <= 8192 (qkv, o, down): 64 weight rows per program, 4 warps, 4 stages; else
+            # 128, 8 warps, 3 stages; K in 128-wide steps, split in 4 where N <= 8192 (too few
+            # column blocks to fill the GPU)
+            wide = n > 8192
+            small = bm <= 16 and not wide
+            bn, bk = block_n or (64 if small else 128), block_k or 128
+            num_warps, split_k = num_warps or (4 if small else 8), split_k or (1 if wide else 4)
+            stages = stages or {"num_stages": 4 if small else 3}
+        else:
+            # measured best on the H200 (bench_gemv-2026-12-02: 1-16 rows, Llama-3-8B shapes): 64 weight
+            # rows per program, 256-wide K steps for the N = 4096 outputs (o, down: fewer programs, so
+            # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
+            bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
+        num_warps, split_k = num_warps or 4, min(split_k or 1, triton.cdiv(k, bk))
         stage_bytes = (bn * weight.element_size() + bm * x.element_size()) * bk  # one weight tile + one x tile
         # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
         room = SHARED_BYTES - (stage_bytes if pdl else 0)
         stages = stages or {"num_stages": max(1, min(5, room // stage_bytes))}
-        ieee, upcast = x.dtype == torch.float32 or _interpreted_bf16(x.dtype), _interpreted_bf16(x.dtype)
-        _skinny_dot_kernel[(triton.cdiv(n, bn),)](
-            x, weight, scale if fp8 else x, bias if bias is not None else x, y, m, n, k, x.stride(0),
+        upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
+        ieee = x.dtype == torch.float32 or upcast
+        f16 = fp8 and x.dtype in (torch.bfloat16, torch.float16)
+        part = y if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        _skinny_dot_kernel[(triton.cdiv(n, bn), split_k)](
+            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee, UPCAST=upcast,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages, **launch_options(pdl),
+            F16=f16, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages,
+            **launch_options(pdl),
         )
+        if split_k > 1:
+            _split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, y, m * n, SPLIT_K=split_k, BLOCK=1024, PDL=pdl,
+                                                           **launch_options(pdl))
         return y
     if kind != "fma":
         raise ValueError(f"kind must be 'fma' or 'dot', got {kind!r}")
     bm, bn, bk = gemv_config(m, block_n, block_k)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages,
+        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps or 4, **stages,
         **launch_options(pdl),
     )
     return y
@@ -201,10 +259,13 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return F.linear(x, (weight.float() * scale[:, None]).to(x.dtype), bias)
 
 
-def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(weight: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """weight (N, K) -> (float8_e4m3fn (N, K), scale (N,) float32), per row: scale = amax / 448,
     so each row's largest |value| maps to e4m3's largest finite value (relative rounding error
-    <= 2^-4 per element). Rows of zeros get scale 1."""
-    amax = weight.float().abs().amax(dim=1)
+    <= 2^-4 per element). Rows of zeros get scale 1. amax (N,): the rows' largest |value| when
+    `weight` is a slice of longer rows (a row-parallel TP shard: the whole row's amax makes every
+    shard's scale, and so the quantized model, independent of the TP size)."""
+    if amax is None:
+        amax = weight.float().abs().amax(dim=1)
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     return (weight.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
