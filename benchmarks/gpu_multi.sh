@@ -5,10 +5,14 @@
 #   GPUS=2 bash benchmarks/gpu_multi.sh     # nvidia-h200-x2 (issue 8), ≈ 5-6 min
 #   GPUS=8 bash benchmarks/gpu_multi.sh     # nvidia-h200-x8 (issue 9), ≈ 8-10 min; PAIRS=... to split it
 #   DEVICE=cpu SMOKE=1 GPUS=2 bash benchmarks/gpu_multi.sh   # CPU smoke run: gloo ranks, tiny shapes
+#   WEIGHT_FORMAT=fp8 GPUS=8 bash benchmarks/gpu_multi.sh     # the same with weight-only fp8 models
 #
 # 1. compute: GPUS=2 measures the pairs' models at TP 1 and 2 in the call (`profile compute`; the
 #    SmolLM2 shapes are in no bundled profile); GPUS>2 copies the bundled measured H200 compute
-#    (70B/72B shards take minutes to re-time) -> $OUT/multi/profile
+#    (70B/72B shards take minutes to re-time; WEIGHT_FORMAT=fp8: the bundled h200-fp8 compute, which
+#    has Llama-3-70B/8B/3.2-3B/3.2-1B only, so the Qwen2 pair is skipped) -> $OUT/multi/profile.
+#    WEIGHT_FORMAT=fp8 measures (or copies) fp8 shards, so the plans predict fp8 models and `run`
+#    runs them (it follows the plan's profile)
 # 2. `profile comm --world GPUS`: NCCL send/recv and all-reduce, symmetric-memory one-shot
 #    all-reduce, eager and graph-captured, every group size 2..GPUS -> $OUT/multi/profile/comm.csv
 # 3. per pair (PAIRS: space-separated "target,draft,acceptance" with acceptance a bundled
@@ -34,6 +38,7 @@ DEVICE=${DEVICE:-cuda}
 GPUS=${GPUS:-2}
 PROMPTS=${PROMPTS:-4}
 MAX_NEW=${MAX_NEW:-96}
+WEIGHT_FORMAT=${WEIGHT_FORMAT:-native}
 W="$OUT/multi"
 rm -rf "$W" && mkdir -p "$W"
 exec > >(tee "$OUT/multi.log") 2>&1
@@ -73,10 +78,11 @@ if [ "$COMPUTE" = measure ]; then
   tps=$(seq -s, 1 "$GPUS")
   stamp "1. profile compute: $models at TP $tps"
   $PY -m swiftspec profile compute --device "$DEVICE" --models "$models" --tp "$tps" "${GRID[@]}" \
-      -o "$W/profile" --time-budget "${COMPUTE_BUDGET:-200}" || exit 2
+      --weight-format "$WEIGHT_FORMAT" -o "$W/profile" --time-budget "${COMPUTE_BUDGET:-200}" || exit 2
 else
-  stamp "1. compute: the bundled measured H200 profile"
-  cp swiftspec/data/profiles/h200-measured/compute.csv swiftspec/data/profiles/h200-measured/meta.json "$W/profile/"
+  src=swiftspec/data/profiles/$([ "$WEIGHT_FORMAT" = fp8 ] && echo h200-fp8 || echo h200-measured)
+  stamp "1. compute: the bundled $src"
+  cp "$src/compute.csv" "$src/meta.json" "$W/profile/"
 fi
 stamp "2. profile comm over $GPUS"
 $PY -m swiftspec profile comm --device "$DEVICE" --world "$GPUS" -o "$W/profile" --timeout "${COMM_BUDGET:-150}" || exit 2

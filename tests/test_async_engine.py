@@ -94,3 +94,23 @@ def test_async_2_draft_1_target_equals_greedy(pair, reference):
     job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(2, 1), tasks=tasks,
               prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60)
     _check(launch(job), reference)
+
+
+def test_async_fp8_models_equal_fp8_greedy_at_any_tp(pair):
+    """Weight-only fp8 models (`Job.weight_format`, as a plan made on an fp8 profile runs them):
+    with 1 draft rank + 2 target ranks, the async output and the same launch's autoregressive
+    baseline (TP 3 over all ranks) both equal single-process TP 1 greedy decoding of the fp8 target
+    token for token. That holds only because row-parallel shards take the whole row's scale
+    (`Transformer.set_gemm_weight`); the fp8 output also differs from the unquantized target's."""
+    target, draft = pair
+    tasks = [Task(Mode.async_, TreePolicy(bs=6, w=2, d=2)), Task(Mode.autoregressive, TreePolicy.autoregressive())]
+    job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(1, 2), tasks=tasks,
+              prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60, weight_format="fp8")
+    results = launch(job)
+    fp8 = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
+                                     eos=False, weight_format="fp8").tokens for p in PROMPTS]
+    _check(results, fp8)
+    assert max(r["accepted"] for r in results[0]["rows"]) > 1
+    native = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
+                                        eos=False).tokens for p in PROMPTS]
+    assert fp8 != native  # the fp8 models ran

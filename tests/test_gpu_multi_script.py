@@ -17,10 +17,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("gpus", [2, 3])
-def test_gpu_multi_script_smoke_on_cpu(tmp_path, gpus):
+@pytest.mark.parametrize("gpus,weight_format", [(2, "native"), (3, "fp8")])
+def test_gpu_multi_script_smoke_on_cpu(tmp_path, gpus, weight_format):
+    """The 3-rank run uses WEIGHT_FORMAT=fp8: its profile is measured on fp8 shards, and `run`
+    follows the plan's profile to fp8 models."""
     env = {**os.environ, "DEVICE": "cpu", "SMOKE": "1", "GPUS": str(gpus), "OUT": str(tmp_path),
-           "PY": sys.executable, "OMP_NUM_THREADS": "1"}
+           "PY": sys.executable, "OMP_NUM_THREADS": "1", "WEIGHT_FORMAT": weight_format}
     proc = subprocess.run(["bash", "benchmarks/gpu_multi.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     log = (tmp_path / "multi.log").read_text()
@@ -32,6 +34,7 @@ def test_gpu_multi_script_smoke_on_cpu(tmp_path, gpus):
             assert f"multi/plan_{x}.json" in names and f"multi/run_{x}/iterations.jsonl" in names
             summary = json.load(tar.extractfile(f"multi/run_{x}/summary.json"))
             assert summary["meta"]["plan"]["mode"] == "async"
+            assert summary["meta"]["weight_format"] == weight_format
             split = summary["meta"]["plan"]["split"]  # disjoint draft and target ranks covering all
             assert sorted(split["draft_gpus"] + split["target_gpus"]) == list(range(gpus))
             tasks = {t["mode"]: t for t in summary["tasks"]}

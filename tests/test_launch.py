@@ -58,3 +58,21 @@ def test_hung_worker_is_stopped_within_timeout(make_checkpoint):
     assert took < 40, took
     assert "stopped all 2 workers" in str(err.value)
     assert seen and _gone(seen)
+
+
+def test_plan_weight_format_follows_the_plans_profile(tmp_path):
+    """`swiftspec run` runs the models in the weight format the plan was predicted for: fp8 for a
+    plan made on the bundled fp8 profile, native for the bf16 one, for none, and for a profile
+    that is not on this machine."""
+    from swiftspec.runtime.launch import plan_weight_format
+    from swiftspec.spec import SourceRef
+
+    def plan(path):
+        ref = None if path is None else SourceRef(path=path, sha256="", label="")
+        return Plan(target="Llama-3-70B", draft="Llama-3.2-3B", split=Split.disaggregated(4, 4), mode=Mode.async_,
+                    policy=TreePolicy(bs=16, w=8, d=6), profile=ref)
+
+    assert plan_weight_format(plan("builtin:h200-fp8")) == "fp8"
+    assert plan_weight_format(plan("builtin:h200-measured")) == "native"
+    assert plan_weight_format(plan(None)) == "native"
+    assert plan_weight_format(plan(str(tmp_path / "gone"))) == "native"

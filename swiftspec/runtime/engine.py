@@ -75,6 +75,8 @@ class Job:
     prompts: token ids per prompt. rank_paths: one rank path per prompt for synthetic acceptance
     (None: measured acceptance, the target's argmax decides). rank_logprobs: with rank_paths, log q
     by draft rank of the replayed profile: it shapes the draft tree (`DraftTree.rank_logprobs`).
+    weight_format: both models' GEMM weights, "native" or "fp8" (`load_model`; each TP rank
+    quantizes its own shard, so an fp8 model's row-parallel scales depend on its TP size).
     """
 
     target: str
@@ -90,6 +92,7 @@ class Job:
     rank_paths: list[list[int]] | None = None
     timeout_s: float = 120.0
     rank_logprobs: list[float] | None = None
+    weight_format: str = "native"
     meta: dict = field(default_factory=dict)
 
 
@@ -137,7 +140,8 @@ def _model(ctx: Ctx, which: str, tp_rank: int, tp_size: int, group) -> torch.nn.
         path = job.target if which == "target" else job.draft
         seed = job.seed if which == "target" else job.seed + 1
         ctx.models[key] = load_model(path, weights=job.weights, device=ctx.device, dtype=DTYPES[job.dtype],
-                                     tp_rank=tp_rank, tp_size=tp_size, group=group, seed=seed)
+                                     tp_rank=tp_rank, tp_size=tp_size, group=group, seed=seed,
+                                     weight_format=job.weight_format)
         ctx.beat()
     return ctx.models[key]
 

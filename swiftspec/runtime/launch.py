@@ -351,6 +351,20 @@ def _baseline_predictions(plan, tasks, layout: Layout, acceptance_path: str | No
     return preds
 
 
+def plan_weight_format(plan) -> str:
+    """The GEMM weight format the plan was predicted for: its profile's (meta `weight_format`), so
+    a plan made on an fp8 profile runs fp8 models. "native" when the plan names no profile or its
+    profile is not on this machine (then `run` has no prediction to match either)."""
+    from swiftspec.spec import Profile, UserError
+
+    if plan.profile is None:
+        return "native"
+    try:
+        return Profile.load(plan.profile.path).meta.get("weight_format", "native")
+    except UserError:
+        return "native"
+
+
 def run_plan(
     plan_path: str | Path,
     *,
@@ -414,9 +428,10 @@ def run_plan(
         paths = rank_paths(prof, len(ids), max_new_tokens + 64, seed)
         logq = rank_logprobs(prof)
 
+    weight_format = plan_weight_format(plan)
     job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
               max_new_tokens=max_new_tokens, device=device, dtype=dtype, weights=weights, seed=seed,
-              rank_paths=paths, timeout_s=timeout_s, rank_logprobs=logq)
+              rank_paths=paths, timeout_s=timeout_s, rank_logprobs=logq, weight_format=weight_format)
     layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
     if torchrun_env() is not None:
         results = run_torchrun(job)
@@ -427,6 +442,7 @@ def run_plan(
     iters = pd.DataFrame([r for res in results for r in res["rows"]])
     prs = pd.DataFrame([r for res in results for r in res["prompts"]])
     meta = {**run_metadata(device), "plan": plan.to_dict(), "plan_path": str(plan_path), "weights": weights,
+            "weight_format": weight_format,
             "acceptance": acc_label, "device": device, "dtype": dtype, "prompts": prompts,
             "tokenized_with": how, "max_new_tokens": max_new_tokens, "colocated_ranks": len(layout.colocated),
             "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world}
@@ -443,7 +459,8 @@ def format_report(log) -> str:
     lines = [
         f"plan: {m['plan_path']} ({plan['mode']}; draft {len(split['draft_gpus'])} / target "
         f"{len(split['target_gpus'])} {unit}; baselines on {m['colocated_ranks']} {unit})",
-        f"weights: {m['weights']}   acceptance: {m['acceptance']}   device: {m['device']} ({m['dtype']})",
+        f"weights: {m['weights']}{'' if m.get('weight_format', 'native') == 'native' else ', ' + m['weight_format']}"
+        f"   acceptance: {m['acceptance']}   device: {m['device']} ({m['dtype']})",
         f"prompts: {m['prompts']} ({len(log.prompts) and log.prompts['prompt'].nunique()}, {m['tokenized_with']}), "
         f"{m['max_new_tokens']} new tokens each",
     ]

@@ -199,13 +199,22 @@ class Transformer(nn.Module):
     def set_gemm_weight(self, owner: nn.Module, name: str, w: torch.Tensor) -> None:
         """Write GEMM weight `name` of `owner` (a Layer, or the model for "lm_head") from `w` (N, K);
         with fp8 weights quantized per row (`kernels.gemv.quantize_fp8`), its scale kept beside it
-        as `{name}_scale`. Outputs then change by the quantization: a different model."""
+        as `{name}_scale`. Outputs then change by the quantization: a different model.
+
+        The row-parallel weights (wo, w2) hold a slice of every row on each rank: their per-row
+        amax is the max over the TP group (one all-reduce per weight while loading), so each
+        rank's scales are the unsharded model's and the fp8 model is the same at every TP size.
+        Without a group (the profiler's lone rank 0, communication skipped) the slice's own amax."""
         if self.weight_format != "fp8":
             getattr(owner, name).copy_(w)
             return
         from swiftspec.kernels.gemv import quantize_fp8
 
-        w8, scale = quantize_fp8(w)
+        amax = None
+        if name in ("wo", "w2") and self.tp_size > 1 and self.group is not None:
+            amax = w.float().abs().amax(dim=1)
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
+        w8, scale = quantize_fp8(w, amax)
         getattr(owner, name).copy_(w8)
         setattr(owner, f"{name}_scale", scale)
 
