@@ -37,6 +37,8 @@ mkdir -p "$P"
 RESUME=${RESUME:-}
 if [ -f "$RESUME" ] && [ ! -f "$P/compute.partial.csv" ]; then
   cp "$RESUME" "$P/compute.partial.csv" && echo "resuming from $RESUME ($(($(wc -l < "$RESUME") - 1)) rows)"
+  # its meta.json says which weight format the rows have (an fp8 folder refuses native rows)
+  if [ -f "$(dirname "$RESUME")/meta.json" ]; then cp "$(dirname "$RESUME")/meta.json" "$P/meta.json"; fi
 fi
 PY=${PY:-python3}
 

@@ -158,8 +158,12 @@ def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w,
         click.echo(f"wrote {output}")
 
 
-def _ref_path(ref) -> str | None:
-    return None if ref is None or ref.path.startswith("builtin:") else ref.path
+def _ref_path(ref, builtin_ok: bool = False) -> str | None:
+    """The path a plan recorded for an input; None (the default input) for `builtin:` ones unless
+    builtin_ok (profiles: `Profile.load` reads `builtin:NAME`, so an fp8 plan stays on h200-fp8)."""
+    if ref is None or (ref.path.startswith("builtin:") and not builtin_ok):
+        return None
+    return ref.path
 
 
 @cli.command()
@@ -181,7 +185,7 @@ def simulate(plan_path, profile_dir, acceptance, requests, seed, trace, as_json)
     from swiftspec.spec import Plan, to_jsonable
 
     p = Plan.load(plan_path)
-    inputs = load_inputs(p.target, p.draft, profile_dir or _ref_path(p.profile),
+    inputs = load_inputs(p.target, p.draft, profile_dir or _ref_path(p.profile, builtin_ok=True),
                          acceptance or _ref_path(p.acceptance), p.device)
     w = p.meta.get("workload", {})
     wl = Workload(**{k: int(v) for k, v in w.items() if k in ("prompt_len", "max_new_tokens", "requests", "seed")})
@@ -243,10 +247,11 @@ def _int_list(text: str | None, flag: str) -> list[int] | None:
 @click.option("--max-len", type=int, default=4096, show_default=True, help="Most KV-cache slots per model.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
 @click.option("--weight-format", default="native", show_default=True,
-              help="native | fp8 (weight-only float8 e4m3 GEMM weights, per-row scales: a quantized model, "
-                   "not yet measured on a GPU).")
+              help="native | fp8 (weight-only float8 e4m3 GEMM weights, per-row scales: a quantized model; "
+                   "on the H200 the 8B step is about 25 % faster at 1 token, slower above 32 tokens).")
 @click.option("--tree-growth", default="auto", show_default=True,
-              help="The draft's top-k: auto | torch | triton | graph (replayed from CUDA graphs; not yet measured).")
+              help="The draft's top-k: auto | torch | triton | graph (replayed from CUDA graphs: faster alone, "
+                   "no faster in a decode on the H200).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_ids, max_new_tokens, device,
              dtype, weights, eos, max_len, seed, weight_format, tree_growth, as_json) -> None:  # fmt: skip
@@ -309,7 +314,7 @@ def profile_group() -> None:
               help="auto (the runtime's default: triton on CUDA, torch on CPU) | torch (SDPA) | triton.")
 @click.option("--weight-format", default="native", show_default=True,
               help="native (GEMM weights in --dtype) | fp8 (weight-only float8 e4m3, per-row scales; "
-                   "not yet measured: a separate profile folder).")
+                   "a separate profile folder, as the bundled h200-fp8).")
 @click.option("--time-budget", type=float, default=None, help="Seconds; then stop and write what was measured.")
 def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
                         weight_format, time_budget) -> None:  # fmt: skip

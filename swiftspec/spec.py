@@ -469,6 +469,20 @@ COMPUTE_COLUMNS = ("op", "model", "tp", "tokens", "kv_len", "ms")
 COMM_COLUMNS = ("collective", "group_size", "bytes", "ms")
 
 
+def profile_path(folder: str | Path) -> Path:
+    """The folder of a profile: `folder` itself, or for `builtin:NAME` the bundled
+    swiftspec/data/profiles/NAME (h200-measured, h200-fp8, h200-derived)."""
+    if not str(folder).startswith("builtin:"):
+        return Path(folder)
+    base = Path(str(resources.files("swiftspec") / "data" / "profiles"))
+    name = str(folder).split(":", 1)[1]
+    if not name or not (base / name / "meta.json").is_file():
+        have = sorted(q.name for q in base.iterdir() if (q / "meta.json").is_file())
+        raise UserError(f"no bundled profile {name!r}: the bundled ones are "
+                        f"{', '.join('builtin:' + h for h in have)}")
+    return base / name
+
+
 @dataclass
 class Profile:
     """Latencies on one hardware type, as tidy tables (one folder: compute.csv, comm.csv, meta.json).
@@ -527,7 +541,8 @@ class Profile:
 
     @classmethod
     def load(cls, folder: str | Path) -> Profile:
-        p = Path(folder)
+        """Read a profile folder, or `builtin:NAME` for one bundled with swiftspec (`profile_path`)."""
+        p = profile_path(folder)
         if not p.is_dir():
             raise UserError(f"profile {p} not found: give a folder holding compute.csv, comm.csv, meta.json")
         try:

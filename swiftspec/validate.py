@@ -386,7 +386,9 @@ def validate(
         raise UserError(f"profile {profile} was measured on {prof.meta.get('device')}, not {device}")
     from swiftspec.runtime.weights import kernel_mismatch
 
-    stale = kernel_mismatch(prof.meta, device)
+    # an fp8 profile (`profile compute --weight-format fp8`) is validated on fp8 models
+    weight_format = prof.meta.get("weight_format", "native")
+    stale = [m for m in kernel_mismatch(prof.meta, device) if not m.startswith("weight_format:")]
     if stale:  # predictions then describe other kernels than the ones that run
         say(f"warning: the profile's kernels differ from the runtime's ({'; '.join(stale)}): re-profile "
             "with `swiftspec profile compute` for predictions of what runs")
@@ -431,11 +433,12 @@ def validate(
     preds = _predict_all(cfgs, lats, acc_model, prompt_lens, max_new_tokens, paths, say)
 
     # 2. run them all in this process
-    measured = _run_all(cfgs, ids, paths, logq, max_new_tokens, device, weights, seed, say)
+    measured = _run_all(cfgs, ids, paths, logq, max_new_tokens, device, weights, seed, say, weight_format)
     table = _report_table(cfgs, preds, measured, len(ids), max_new_tokens)
     meta = {**run_metadata(device), "profile": profile or "builtin:h200-derived", "profile_label": prof_label,
             "acceptance": acceptance or "builtin:qwen2-72b-table7", "acceptance_label": acc_label,
-            "weights": weights, "device": device, "gpus": gpus, "pairs": [list(p) for p in pairs],
+            "weights": weights, "weight_format": weight_format, "device": device, "gpus": gpus,
+            "pairs": [list(p) for p in pairs],
             "prompts": len(ids), "prompt_lens": prompt_lens, "tokenized_with": how,
             "max_new_tokens": max_new_tokens, "seed": seed,
             "host_calibration": host_fit, "load": _load(), "profile_kernel_mismatch": stale,
@@ -647,8 +650,10 @@ def _load() -> list[float] | None:
 
 
 def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], logq: tuple[float, ...],
-             max_new: int, device: str, weights: str, seed: int, say) -> dict[Config, dict]:
-    """Run every configuration (models and runners made once, reused); measured numbers per config."""
+             max_new: int, device: str, weights: str, seed: int, say,
+             weight_format: str = "native") -> dict[Config, dict]:
+    """Run every configuration (models and runners made once, reused); measured numbers per config.
+    weight_format: the models' GEMM weights (`load_model`), the profile's."""
     from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
     from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
     from swiftspec.runtime.synthetic import SyntheticVerifier
@@ -669,8 +674,10 @@ def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], l
         key = (name, seed)
         if key not in models:
             t0 = time.perf_counter()
-            models[key] = load_model(name, weights=weights, device=device, dtype=dtype, seed=seed)
-            say(f"loaded {Path(name).name} ({weights} weights) in {time.perf_counter() - t0:.1f} s")
+            models[key] = load_model(name, weights=weights, device=device, dtype=dtype, seed=seed,
+                                     weight_format=weight_format)
+            fmt = "" if weight_format == "native" else f", {weight_format}"
+            say(f"loaded {Path(name).name} ({weights} weights{fmt}) in {time.perf_counter() - t0:.1f} s")
         return models[key]
 
     def runner(name: str, role: str) -> ModelRunner:

@@ -134,3 +134,26 @@ def test_fp8_profile_makes_the_memory_fit_count_fp8_weights(tmp_path):
     one = Split(target_gpus=(0,))
     fits = [memory_use(i.target, None, one, Mode.autoregressive, auto, 2048, 141 * 10**9).fits for i in (native, fp8)]
     assert fits == [False, True]
+
+
+def test_bundled_fp8_profile_by_builtin_name(tmp_path):
+    """`--profile builtin:h200-fp8` reads the bundled fp8 profile (70B, 8B, 3B, 1B at TP 1-8,
+    measured with fp8 weights): the plan's specs are fp8, the plan records the builtin name, and
+    a plan made with it is simulated on it again, not on the default profile. An unknown builtin
+    name is one UserError that lists the bundled ones."""
+    from swiftspec.cli import _ref_path
+    from swiftspec.sim.search import load_inputs
+    from swiftspec.spec import Profile, UserError
+
+    prof = Profile.load("builtin:h200-fp8")
+    assert prof.meta["weight_format"] == "fp8" and prof.meta["source"] == "measured"
+    layers = prof.compute[prof.compute.op == "layers"]
+    assert {(m, tp) for m, tp in zip(layers.model, layers.tp)} >= {
+        (m, tp) for m in ("Llama-3-70B", "Llama-3-8B", "Llama-3.2-3B", "Llama-3.2-1B") for tp in (1, 2, 4, 8)}
+    inputs = load_inputs(target="Llama-3-70B", draft="Llama-3.2-3B", profile="builtin:h200-fp8")
+    assert inputs.target.weight_format == inputs.draft.weight_format == "fp8"
+    assert inputs.profile_ref.path == "builtin:h200-fp8" and "fp8 weights" in inputs.profile_ref.label
+    assert _ref_path(inputs.profile_ref, builtin_ok=True) == "builtin:h200-fp8"
+    assert _ref_path(inputs.profile_ref) is None
+    with pytest.raises(UserError, match="builtin:h200-fp8.*builtin:h200-measured|builtin:h200-derived.*builtin:h200-fp8"):
+        Profile.load("builtin:h200-int4")

@@ -94,6 +94,17 @@ def test_validation_from_committed_h200_report(tmp_path):
     assert f"{len(df)} configurations" in out.axes[0][0]
 
 
+def test_validation_report_labels_its_weights(tmp_path):
+    """A report whose report.json says random fp8 weights (run 9) is labelled so in the figure's
+    inputs line; one without a report.json is not labelled."""
+    committed = Path(__file__).parents[1] / "benchmarks" / "results" / "validation_h200_run9" / "report.csv"
+    assert validation.read_report(committed)["source"].iloc[0] == "validation_h200_run9/report.csv (random weights, fp8)"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "report.csv").write_text(committed.read_text())
+    assert validation.read_report(bare / "report.csv")["source"].iloc[0] == "bare/report.csv"
+
+
 def test_validation_from_runlog(tmp_path):
     out = validation.main([RUNLOG], tmp_path)
     summary = json.loads((RUNLOG / "summary.json").read_text())

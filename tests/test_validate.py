@@ -261,3 +261,18 @@ def test_summary_splits_the_error_into_forwards_and_host():
     assert s["host_median_abs_error_pct"] == pytest.approx(75.0)
     assert s["host_max_abs_error_pct"] == pytest.approx(100.0)
     assert "forward_median_abs_error_pct" not in summarize(rows.drop(columns="measured_host_ms"))
+
+
+def test_fp8_profile_is_validated_on_fp8_models(make_checkpoint, tmp_path):
+    """A profile measured with fp8 weights (meta weight_format "fp8") runs its configurations on
+    fp8 models: the log and the report say so, and the format is not flagged as a kernel mismatch."""
+    target, draft, _ = _pair(make_checkpoint, tmp_path)
+    prof = _profile([target.name, draft.name], tmp_path / "fp8prof", weight_format="fp8")
+    said = []
+    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
+                   configs=2, prompts=1, max_new_tokens=4, calibrate=False, log=said.append)
+    assert rep.meta["weight_format"] == "fp8"
+    assert "fp8 weights" in rep.meta["profile_label"]
+    assert not rep.meta.get("profile_kernel_mismatch")
+    assert any("checkpoint weights, fp8)" in line for line in said), said
+    assert (rep.rows["measured_tokens_per_s"] > 0).all()

@@ -265,7 +265,7 @@ def load_model(
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
     weight_format: "native" (the GEMM weights in `dtype`) or "fp8" (weight-only float8_e4m3fn with
     per-row scales, quantized while filling (`Transformer.set_gemm_weight`), run by the fp8 skinny
-    linear; not yet measured on a GPU, so no verb defaults to it).
+    linear; a different model, so no verb defaults to it: see benchmarks/KERNELS.md, seventh session).
     The returned model carries `model.weights` = "checkpoint" | "random" for labelling outputs.
     """
     if weight_format not in WEIGHT_FORMATS:

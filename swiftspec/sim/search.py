@@ -163,7 +163,7 @@ def load_inputs(
     acceptance profile (a JSON file, or the bundled synthetic one)."""
     from swiftspec.sim.acceptance import default_acceptance
     from swiftspec.sim.profile_default import default_profile
-    from swiftspec.spec import file_sha256
+    from swiftspec.spec import file_sha256, profile_path
 
     t = ModelSpec.from_config(target)
     dspec = ModelSpec.from_config(draft) if draft else None
@@ -173,7 +173,7 @@ def load_inputs(
         prof, pref = default_profile([m for m in (target, draft) if m])
     else:
         prof = Profile.load(profile)
-        pref = SourceRef(path=str(profile), sha256=file_sha256(profile), label=prof.label)
+        pref = SourceRef(path=str(profile), sha256=file_sha256(profile_path(profile)), label=prof.label)
     pdev = prof.meta.get("device", "cuda")
     if pdev != device:
         raise UserError(f"profile {pref.path} was measured on {pdev}, but --device is {device}: give a {device} profile")

@@ -43,10 +43,15 @@ def read_report(path: str | Path) -> pd.DataFrame:
                         f"(needs {', '.join(REQUIRED)}; from `swiftspec validate -o DIR`)")
     source = f"{p.parent.name}/{p.name}" if p.parent.name else p.name
     sibling = p.with_name("report.json")
-    if sibling.is_file():  # `validate --repredict` says so in its meta; the figure says it too
+    if sibling.is_file():  # `validate --repredict`, random or fp8 weights: its meta says so; the figure too
         try:
-            if "repredicted" in json.loads(sibling.read_text()).get("meta", {}):
+            meta = json.loads(sibling.read_text()).get("meta", {})
+            if "repredicted" in meta:
                 source += " (re-predicted)"
+            weights = [f"{meta['weights']} weights"] if meta.get("weights") else []
+            weights += [meta["weight_format"]] if meta.get("weight_format", "native") != "native" else []
+            if weights:
+                source += f" ({', '.join(weights)})"
         except (ValueError, AttributeError):
             pass
     return _normalise(df, source)
