@@ -76,7 +76,10 @@ def _progress(as_json: bool):
 @click.option("--gpus", type=int, required=True, help="GPUs (or CPU ranks) to plan for.")
 @click.option("--target", default="Llama-3-70B", show_default=True, help="Bundled model name or checkpoint folder.")
 @click.option("--draft", default="Llama-3.2-3B", show_default=True, help="Bundled model name or checkpoint folder.")
-@click.option("--profile", "profile_dir", default=None, help="Profile folder [default: the embedded H200 profile, measured where it covers both models, else derived].")
+@click.option("--profile", "profile_dir", default=None,
+              help="Profile folder, or builtin:h200-measured | builtin:h200-fp8 (weight-only fp8 models) | "
+                   "builtin:h200-derived [default: the embedded H200 profile, measured where it covers both "
+                   "models, else derived].")
 @click.option("--acceptance", default=None, help="Acceptance profile JSON [default: bundled, synthetic].")
 @click.option("--modes", default=None, help="Comma-separated modes to consider [default: all four].")
 @click.option("--draft-gpus", type=int, default=None, help="Pin the async draft group's size.")

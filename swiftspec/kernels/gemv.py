@@ -126,9 +126,9 @@ def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr
 
     fp8 weights are widened in registers (the bytes saved are in the load). F16: both operands in
     float16, because e4m3 -> float16 is one instruction per two weights on Hopper and e4m3 ->
-    bfloat16 is not (fp8x sweep, 2026-12-03: the fp8 GEMVs 20-35 % faster). Every e4m3 value and
-    every bfloat16 x in +-65504 is exact in float16 (bfloat16 x below 2^-14 loses low bits); x
-    beyond that range saturates instead of becoming inf."""
+    bfloat16 is not (benchmarks/sweep_fp8_widen.py, 2026-12-03: the fp8 GEMVs 14-22 % faster than
+    widening to bfloat16). Every e4m3 value and every bfloat16 x in +-65504 is exact in float16
+    (bfloat16 x below 2^-14 loses low bits); x beyond that range saturates instead of becoming inf."""
     if F16:
         w = w.to(tl.float16)
         xt = tl.clamp(xt.to(tl.float32), -65504.0, 65504.0).to(tl.float16)

@@ -75,8 +75,8 @@ class Job:
     prompts: token ids per prompt. rank_paths: one rank path per prompt for synthetic acceptance
     (None: measured acceptance, the target's argmax decides). rank_logprobs: with rank_paths, log q
     by draft rank of the replayed profile: it shapes the draft tree (`DraftTree.rank_logprobs`).
-    weight_format: both models' GEMM weights, "native" or "fp8" (`load_model`; each TP rank
-    quantizes its own shard, so an fp8 model's row-parallel scales depend on its TP size).
+    weight_format: both models' GEMM weights, "native" or "fp8" (`load_model`; a checkpoint's fp8
+    model is the same at every TP size, `Transformer.set_gemm_weight`).
     """
 
     target: str
