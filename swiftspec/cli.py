@@ -388,15 +388,21 @@ def profile_comm_cmd(output, sizes, world, device, graphs, timeout_s) -> None:
 @click.option("-o", "--output", default=None, help="Output JSON [default: <target>__<draft>.json].")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda.")
 @click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16 | float16.")
+@click.option("--weight-format", default="native", show_default=True,
+              help="native | fp8: both models' GEMM weights (weight-only float8 e4m3).")
+@click.option("--draft-weight-format", default=None,
+              help="native | fp8 for the draft alone [default: --weight-format]. --draft = --target with "
+                   "--draft-weight-format fp8 measures how often the fp8 model's greedy token is the target's.")
 def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, top_k, policies, accepted_prompts,
-                           output, device, dtype) -> None:  # fmt: skip
+                           output, device, dtype, weight_format, draft_weight_format) -> None:  # fmt: skip
     """Record the rank of the target's token in the draft's distribution along the target's path."""
     from swiftspec.profiler.acceptance import profile_acceptance
 
     prof = profile_acceptance(
         target, draft, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
         policies=[p for p in policies.split(",") if p.strip()], accepted_prompts=accepted_prompts, device=device,
-        dtype=dtype, progress=sys.stderr.isatty(),
+        dtype=dtype, progress=sys.stderr.isatty(), weight_format=weight_format,
+        draft_weight_format=draft_weight_format,
     )  # fmt: skip
     out = output or f"{prof.meta['name']}.json"
     prof.save(out)

@@ -40,6 +40,26 @@ def test_draft_equal_to_target_accepts_everything(make_checkpoint, prompts_file,
     assert again.meta["source"] == "measured" and not again.synthetic and again.accepted == prof.accepted
 
 
+def test_fp8_draft_of_the_target_measures_fp8_fidelity(make_checkpoint, prompts_file):
+    """The target against its own fp8 copy (`draft_weight_format="fp8"`): a different model, so not
+    every rank is 0, yet mostly 0 (e4m3 keeps the greedy token at most positions of a random
+    checkpoint); the names and meta say which side is fp8, and speculation stays lossless. Both
+    sides fp8 is the fp8 model against itself: every rank 0."""
+    ckpt = make_checkpoint("llama", tokenizer=True, num_hidden_layers=2, seed=3)
+    kw = dict(prompts=str(prompts_file), max_new_tokens=24, top_k=4, policies=["chain/bs3-w1-d2"], progress=False)
+    prof = profile_acceptance(ckpt, ckpt, draft_weight_format="fp8", **kw)
+    ranks = [r for t in prof.traces for r in t]
+    assert 0 < ranks.count(0) < len(ranks) and ranks.count(0) >= len(ranks) / 2, ranks
+    m = prof.meta
+    assert (m["target_weight_format"], m["draft_weight_format"]) == ("native", "fp8")
+    assert m["draft_name"] == f"{ckpt.name}-fp8" and m["name"] == f"{ckpt.name}__{ckpt.name}-fp8"
+    assert all(m["lossless"].values())
+    both = profile_acceptance(ckpt, ckpt, weight_format="fp8", **kw)
+    assert all(r == 0 for t in both.traces for r in t) and both.meta["target_name"] == f"{ckpt.name}-fp8"
+    with pytest.raises(UserError, match="--draft-weight-format must be one of"):
+        profile_acceptance(ckpt, ckpt, draft_weight_format="int4", **kw)
+
+
 def test_ranks_match_transformers_teacher_forcing(make_checkpoint, prompts_file):
     """Ranks and probabilities of the target's tokens under the draft, against HF's own forward."""
     from transformers import AutoModelForCausalLM

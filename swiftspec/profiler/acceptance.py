@@ -113,6 +113,11 @@ def summarize_traces(traces: Sequence[PairTrace], top_k: int) -> tuple[list[floa
     return positional, [float(x) for x in by_rank]
 
 
+def _named(name: str, weight_format: str) -> str:
+    """A model's name in profile names and file names: `-fp8` appended for fp8 weights."""
+    return name if weight_format == "native" else f"{name}-{weight_format}"
+
+
 def _runner(model, slots: int, vocab_limit: int | None = None):
     from swiftspec.runtime.decoder import ModelRunner
 
@@ -132,8 +137,14 @@ def profile_acceptance(
     device: str = "cpu",
     dtype: str = "float32",
     progress: bool = True,
+    weight_format: str = "native",
+    draft_weight_format: str | None = None,
 ) -> AcceptanceProfile:
-    """Measure the pair on `prompts` (see the module docstring) -> an AcceptanceProfile."""
+    """Measure the pair on `prompts` (see the module docstring) -> an AcceptanceProfile.
+
+    weight_format / draft_weight_format (default: weight_format): the models' GEMM weights,
+    "native" or "fp8" (`load_model`). The same checkpoint as target and draft with only the draft
+    in fp8 measures how often the fp8 model's greedy token is the native one's (`top1_agreement`)."""
     from swiftspec.runtime.generate import (
         DTYPES,
         GenerateConfig,
@@ -142,18 +153,22 @@ def profile_acceptance(
         eos_ids_of,
         generate,
     )
-    from swiftspec.runtime.weights import load_model, load_tokenizer
+    from swiftspec.runtime.weights import WEIGHT_FORMATS, load_model, load_tokenizer
 
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {top_k}")
     check_device(device, dtype)
+    draft_weight_format = draft_weight_format or weight_format
+    for flag, fmt in (("--weight-format", weight_format), ("--draft-weight-format", draft_weight_format)):
+        if fmt not in WEIGHT_FORMATS:
+            raise UserError(f"{flag} must be one of {', '.join(WEIGHT_FORMATS)}, got {fmt!r}")
     parsed = [parse_policy(p) for p in policies]
     tfolder, dfolder = resolve_model_path(target), resolve_model_path(draft)
     plist = load_prompts(prompts, limit=num_prompts)
-    tmodel = load_model(tfolder, device=device, dtype=DTYPES[dtype])
-    dmodel = load_model(dfolder, device=device, dtype=DTYPES[dtype])
+    tmodel = load_model(tfolder, device=device, dtype=DTYPES[dtype], weight_format=weight_format)
+    dmodel = load_model(dfolder, device=device, dtype=DTYPES[dtype], weight_format=draft_weight_format)
     tok = load_tokenizer(tfolder)
     vocab = tmodel.spec.vocab
     if dmodel.spec.vocab != vocab:
@@ -218,11 +233,13 @@ def profile_acceptance(
     meta = run_metadata(device)
     meta.update(
         source="measured",
-        name=f"{tfolder.name}__{dfolder.name}",
+        name=f"{_named(tfolder.name, weight_format)}__{_named(dfolder.name, draft_weight_format)}",
         target=str(tfolder),
         draft=str(dfolder),
-        target_name=tfolder.name,
-        draft_name=dfolder.name,
+        target_name=_named(tfolder.name, weight_format),
+        draft_name=_named(dfolder.name, draft_weight_format),
+        target_weight_format=weight_format,
+        draft_weight_format=draft_weight_format,
         draft_recipe=json.loads(recipe.read_text()) if recipe.exists() else None,
         prompts=prompts,
         prompt_ids=[t.prompt_id for t in traces],
