@@ -212,6 +212,27 @@ def test_kernels_from_committed_results(tmp_path):
     assert names == [kern.name, step.name] and set(s["source"]) == {step.stem}
 
 
+def test_kernels_step_panel_from_bench_step_kernels(tmp_path):
+    """A bench_step_kernels result (the default step input since it exists): its step rows, one
+    per (model, fusion, tokens) as the median over rounds, fp8 rows with their own (lower) floor;
+    the title says what +fp8 means."""
+    src = RESULTS / "bench_step_kernels-2026-12-03h.csv"
+    raw = pd.read_csv(src)
+    assert kernels_study.load_results([])[2][-1] == sorted(RESULTS.glob("bench_step_kernels-*.csv"))[-1].name
+    _, s, _ = kernels_study.load_results([src])
+    assert not s.duplicated(["model", "attention", "tokens", "kv_len"]).any()
+    one = raw[(raw.kind == "step") & (raw.model == "Llama-3-8B") & (raw.fusion == "triton+gemv") & (raw.tokens == 1)]
+    got = s[(s.model == "Llama-3-8B") & (s.attention == "triton+gemv") & (s.tokens == 1)]["median_ms"].item()
+    assert got == pytest.approx(one["median_ms"].median())
+    floors = s[s.tokens == 1].set_index(["model", "attention"])["floor_ms"]
+    assert floors["Llama-3-8B", "triton+gemv+fp8"] < 0.6 * floors["Llama-3-8B", "triton+gemv"]
+    out = kernels_study.main([src], tmp_path)
+    assert out.axes[-1][1:] == ("tokens per forward", "decoder forward latency (ms)")
+    fig = kernels_study.draw(pd.DataFrame(columns=kernels_study.KERNEL_COLUMNS), s, "t")
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "Llama-3-8B, triton+gemv+fp8" in labels and "Llama-3.2-1B, triton+gemv" in labels
+
+
 def test_kernels_wrong_file_is_user_error(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     with pytest.raises(UserError, match="neither a kernel benchmark"):

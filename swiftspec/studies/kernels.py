@@ -1,7 +1,7 @@
 """kernels: kernel and step latency against the HBM floor, from committed benchmark results.
 
-Inputs (files, or folders holding them; default: the newest `kernels_*.json` and every
-`bench_step-*.csv` in benchmarks/results/):
+Inputs (files, or folders holding them; default: the newest `kernels_*.json` and the newest
+`bench_step_kernels-*.csv` in benchmarks/results/, else every `bench_step-*.csv`):
 
   kernels_<date>.json / .csv   (benchmarks/bench_kernels.py) rows: kv, queries, heads, impl, us,
                                floor_us; impl `triton` (split-KV tree attention), `sdpa_mask`,
@@ -9,6 +9,10 @@ Inputs (files, or folders holding them; default: the newest `kernels_*.json` and
   bench_step-<tag>.csv         (benchmarks/bench_step.py) rows: model, tokens, kv_len, attention,
                                impl, median_ms, floor_ms; one decoder forward (CUDA graph replay),
                                floor = weight + KV bytes / copy bandwidth.
+  bench_step_kernels-<date>.csv (benchmarks/bench_step_kernels.py) its `kind` = step rows: the
+                               runtime's step per `fusion` (e.g. triton+gemv, the CUDA default;
+                               triton+gemv+fp8, weight-only fp8 against its own one-byte floor),
+                               median over its rounds.
 
 Panels: tree attention µs vs kv length for 32/8 and 8/1 heads (median over query counts, bars
 from the fewest to the most queries), and a whole forward's ms vs tokens per model and attention
@@ -33,6 +37,7 @@ STEP_COLUMNS = ("model", "tokens", "kv_len", "attention", "impl", "median_ms", "
 ATTN_IMPLS = {"sdpa_mask": ("torch SDPA, boolean tree mask", "tab:gray"),
               "sdpa_nomask": ("torch SDPA, no mask", "0.6"),
               "triton": ("swiftspec Triton split-KV", "tab:red")}
+STEP_KERNEL_COLUMNS = ("kind", "model", "kv_len", "fusion", "tokens", "median_ms", "floor_ms")
 STEP_IMPL = "swiftspec-replay"  # CUDA-graph replay of the runtime's forward (what the runtime does)
 
 
@@ -61,6 +66,23 @@ def _kernel_files(folder: Path) -> list[Path]:
     return sorted(f for f in folder.glob("kernels_*.json") if not f.name.startswith("kernels_fit_"))
 
 
+def _step_files(folder: Path, newest: bool = False) -> list[Path]:
+    """Step results: the bench_step_kernels CSVs (the newest alone if `newest`), else bench_step's."""
+    bsk = sorted(folder.glob("bench_step_kernels-*.csv"))
+    if bsk:
+        return bsk[-1:] if newest else bsk
+    return sorted(folder.glob("bench_step-*.csv"))
+
+
+def _step_kernel_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """bench_step_kernels rows -> the step panel's columns: `attention` names the fusion mode
+    (the line style), the median over rounds per (model, fusion, tokens, kv_len)."""
+    s = df[df["kind"] == "step"]
+    keys = ["model", "fusion", "tokens", "kv_len"]
+    s = s.groupby(keys, as_index=False)[["median_ms", "floor_ms"]].median()
+    return s.rename(columns={"fusion": "attention"}).assign(impl=STEP_IMPL)
+
+
 def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """(kernel rows, step rows with a `source` column, file names used) from files or folders."""
     files: list[Path] = []
@@ -68,11 +90,11 @@ def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
         p = Path(raw)
         if not p.exists():
             raise UserError(f"study {NAME}: -i {p} not found")
-        files += _kernel_files(p) + sorted(p.glob("bench_step-*.csv")) if p.is_dir() else [p]
+        files += _kernel_files(p) + _step_files(p) if p.is_dir() else [p]
     if not inputs:
         d = results_dir()
         kern = _kernel_files(d) if d.is_dir() else []
-        files = kern[-1:] + (sorted(d.glob("bench_step-*.csv")) if d.is_dir() else [])
+        files = kern[-1:] + (_step_files(d, newest=True) if d.is_dir() else [])
         if not files:
             raise UserError(f"study {NAME}: no benchmark results in {d}: give -i kernels_<date>.json bench_step-<tag>.csv")
     kernels, steps = [], []
@@ -80,6 +102,8 @@ def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
         df = _read_table(f)
         if "floor_us" in df.columns or f.name.startswith("kernels_"):
             kernels.append(_check(df, KERNEL_COLUMNS, f))
+        elif f.name.startswith("bench_step_kernels") or "fusion" in df.columns:
+            steps.append(_step_kernel_rows(_check(df, STEP_KERNEL_COLUMNS, f)).assign(source=f.stem))
         elif "floor_ms" in df.columns or f.name.startswith("bench_step"):
             steps.append(_check(df, STEP_COLUMNS, f).assign(source=f.stem))
         else:
@@ -127,7 +151,7 @@ def draw(kernels: pd.DataFrame, steps: pd.DataFrame, title: str):
             g = g.groupby("tokens")["median_ms"].median()
             ax.plot(g.index, g.values, marker="o", ms=3, color=colors[model], ls=styles[attn],
                     label=f"{model}, {attn}")
-        for model, g in s.groupby("model"):
+        for (model, _), g in s.groupby(["model", "attention"]):  # fp8 rows have their own floor
             f = g.groupby("tokens")["floor_ms"].median()
             ax.plot(f.index, f.values, color=colors[model], ls="--", lw=1, alpha=0.7)
         ax.plot([], [], "k--", lw=1, label="HBM floor (weights + KV / copy bandwidth)")
@@ -144,7 +168,9 @@ def draw(kernels: pd.DataFrame, steps: pd.DataFrame, title: str):
 
 def main(inputs: Sequence[str | Path] = (), out_dir: str | Path = ".", progress: Progress = None) -> StudyOutput:
     kernels, steps, names = load_results(inputs)
-    title = "kernel and step latency against the HBM floor (bf16, batch 1)"
+    fp8 = len(steps) and steps["attention"].astype(str).str.contains("fp8").any()
+    title = ("kernel and step latency against the HBM floor (bf16, batch 1"
+             + ("; +fp8: weight-only fp8 GEMM weights, floor at one byte per weight)" if fp8 else ")"))
     fig = draw(kernels, steps, title)
     labels = [f"results: {', '.join(names)}"]
     if len(steps) and "weights" not in steps.columns:
