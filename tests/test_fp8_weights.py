@@ -50,6 +50,29 @@ def test_fp8_model_is_quantized_and_close(make_checkpoint, tie):
         load_model(path, weight_format="int4")
 
 
+def test_cpu_dequantized_copies_are_exact_and_follow_weight_changes(make_checkpoint):
+    """The CPU reference path keeps each fp8 weight's dequantized copy after its first use: the
+    logits equal the per-call dequantization bit for bit, and writing a weight again
+    (`set_gemm_weight`) drops the copies, so the next forward sees the new weight."""
+    path = make_checkpoint("llama")
+    model = load_model(path, weight_format="fp8")
+    ids = [3, 14, 15, 92, 65, 35]
+    first = logits_of(model, ids)
+    assert model._dequantized  # kept
+    layer = model.layers[0]
+    per_call = layer.w13.to(torch.float32) * layer.w13_scale[:, None]
+    assert torch.equal(model._dequantized[(layer.w13.data_ptr(), torch.float32)], per_call)
+    assert torch.equal(logits_of(model, ids), first)
+    w13 = per_call * 2.0
+    model.set_gemm_weight(layer, "w13", w13)
+    assert not model._dequantized
+    changed = logits_of(model, ids)
+    assert not torch.equal(changed, first)
+    fresh = load_model(path, weight_format="fp8")
+    fresh.set_gemm_weight(fresh.layers[0], "w13", w13)
+    assert torch.equal(logits_of(fresh, ids), changed)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="the fp8 kernel path on CPU needs TRITON_INTERPRET=1")
 def test_fp8_kernel_path_equals_dequantized_path(make_checkpoint):
     path = make_checkpoint("qwen2")  # qkv bias: the bias rides on the fp8 GEMM too

@@ -165,6 +165,7 @@ class Transformer(nn.Module):
         # "fp8": the GEMM weights (qkv, o, gate/up, down, LM head) in float8 e4m3 with a scale per
         # row, quantized as they are filled (`set_gemm_weight`), so the model-dtype copy never exists
         self.weight_format = weight_format
+        self._dequantized: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # CPU fp8 only: see `_lin`
         self.layers = nn.ModuleList(Layer(spec, self.shard, device, dtype, weight_format) for _ in range(spec.num_layers))
         self.norm = nn.Parameter(torch.zeros(spec.hidden, **z), requires_grad=False)
         if spec.tie_embeddings and tp_size == 1 and weight_format != "fp8":
@@ -215,18 +216,27 @@ class Transformer(nn.Module):
             amax = w.float().abs().amax(dim=1)
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
         w8, scale = quantize_fp8(w, amax)
+        self._dequantized.clear()  # a weight changed: the CPU path's dequantized copies are stale
         getattr(owner, name).copy_(w8)
         setattr(owner, f"{name}_scale", scale)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
              scale: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`); `scale` (N,):
-        w is fp8 (`set_gemm_weight`): the fp8 skinny linear with linear "triton", else dequantized
-        per call (the reference path, slow)."""
+        w is fp8 (`set_gemm_weight`): the fp8 skinny linear with linear "triton", else the
+        dequantized weight w * scale (the reference path): per call on a GPU, where a second copy
+        would undo the bytes fp8 saves; kept after the first call on the CPU, where the per-call
+        e4m3 conversion made real-model runs 4.5x slower than native (profile acceptance,
+        SmolLM2-135M) and host memory is cheap."""
         if scale is not None:
             if self._gemv is not None and x.shape[0] <= self._gemv_fp8_rows:
                 return self._gemv(x.contiguous(), w, b, scale=scale, kind="dot", pdl=self.pdl)
-            return F.linear(x, w.to(x.dtype) * scale[:, None].to(x.dtype), b)
+            if w.device.type != "cpu":
+                return F.linear(x, w.to(x.dtype) * scale[:, None].to(x.dtype), b)
+            key = (w.data_ptr(), x.dtype)
+            if key not in self._dequantized:
+                self._dequantized[key] = w.to(x.dtype) * scale[:, None].to(x.dtype)
+            return F.linear(x, self._dequantized[key], b)
         if self._gemv is not None and x.shape[0] <= self._gemv_rows:
             # the faster kind at 1-16 rows (bench_gemv)
             return self._gemv(x.contiguous(), w, b, kind="dot", pdl=self.pdl)
