@@ -12,7 +12,8 @@ bench_gemv-2026-12-02a, measured it at 3.7-32x cuBLAS's time at 4-16 rows) at BL
 `fma_bn{N}_w{warps}`; kind "dot" (`tl.dot`, rows padded to 16) at BLOCK_N 64/128 x BLOCK_K
 64/128/256 x num_stages 3/5, named `dot_bn{N}_bk{K}_s{stages}`. `--quick`: one config of each.
 Every variant is checked against float32 `F.linear` (relative error column). `--fp8`: the same
-weights quantized (`quantize_fp8`) through the dot kernel, `fp8_default` (gemv's own config) and
+weights quantized (`quantize_fp8`) through the dot kernel, `fp8_default` (gemv's own config),
+`fp8_default_x16` (the same with x converted to float16 once, `gemv(x_f16=True)`) and
 `fp8_dot_bn{N}_bk{K}_s{stages}_w{warps}_k{split_k}`, against the
 dequantized weights and a floor of one byte per weight; it also runs more than 16 rows.
 Writes <out>/bench_gemv-<date>.{json,csv} with run_metadata(); prints a compact table.
@@ -75,7 +76,8 @@ def main() -> None:
             # floor (one byte per weight) and their own reference (the dequantized weights)
             w8s = [quantize_fp8(w) for w in ws] if args.fp8 else []
             ref8 = F.linear(x.float(), w8s[0][0].float() * w8s[0][1][:, None]) if w8s else None
-            fp8_variants = {} if not w8s else {"fp8_default": lambda w, x=x: gemv(x, w[0], scale=w[1])}
+            fp8_variants = {} if not w8s else {"fp8_default": lambda w, x=x: gemv(x, w[0], scale=w[1]),
+                                               "fp8_default_x16": lambda w, x=x: gemv(x, w[0], scale=w[1], x_f16=True)}
             for bn, bk, ns, nw, sk in [] if not w8s else [(64, 128, 3, 4, 1)] if args.quick else [
                     (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 3, 4, 4),
                     (128, 128, 3, 8, 1), (128, 128, 3, 8, 4), (64, 64, 5, 4, 1)]:

@@ -134,6 +134,22 @@ def test_gemv_split_k_matches_reference(m, n, k, split_k, fp8):
         assert torch.equal(got, gemv(x, w, b, scale=scale, split_k=split_k, block_k=64))
 
 
+@pytest.mark.parametrize("m,n,k", [(3, 40, 200), (40, 33, 130)])
+def test_gemv_fp8_x_converted_once_is_bit_identical(m, n, k):
+    """x_f16 (x to float16 before the launch) gives the in-kernel conversion's result bit for bit,
+    including an x entry beyond float16's range (both saturate at 65504), and stays in x's dtype."""
+    gen = torch.Generator().manual_seed(m + n)
+    x = _rand((m, k), gen, torch.bfloat16)
+    x[0, 0] = 1e6
+    w8, scale = quantize_fp8(_rand((n, k), gen, torch.float32))
+    w8, scale = w8.to(DEVICE), scale.to(DEVICE)
+    inside = gemv(x, w8, scale=scale)
+    once = gemv(x, w8, scale=scale, x_f16=True)
+    assert once.dtype == torch.bfloat16 and torch.equal(once, inside)
+    ref = F.linear(x.float().clamp(-65504, 65504).half().float(), w8.float() * scale[:, None])
+    assert float((once.float() - ref).abs().max() / ref.abs().max()) <= TOL[torch.bfloat16]
+
+
 def test_gemv_fp8_rejects_bad_arguments():
     w8, scale = quantize_fp8(torch.randn(4, 8))
     w8, scale, x = w8.to(DEVICE), scale.to(DEVICE), torch.randn(2, 8, device=DEVICE)

@@ -63,7 +63,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 @triton.jit
 def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
                        HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr,
-                       SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       X_F16: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
@@ -86,7 +86,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, 
                     mask=ok_n[:, None] & (ks < k_hi)[None, :], other=0.0)
         grid_sync(PDL)
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=(ks < k_hi)[:, None] & ok_m[None, :], other=0.0)
-        acc = _dot(w, xt, acc, IEEE, UPCAST, F16)
+        acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
     for k0 in range(k_first, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         ok_k = ks < k_hi
@@ -94,7 +94,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, 
                     other=0.0)  # (BLOCK_N, BLOCK_K)
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
                      other=0.0)  # (BLOCK_K, BLOCK_M)
-        acc = _dot(w, xt, acc, IEEE, UPCAST, F16)
+        acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
     if HAS_SCALE:  # fp8 weights: one scale per weight row (output column), constant over K
         acc *= tl.load(S + cols, mask=ok_n, other=0.0)[:, None]
     if HAS_BIAS:
@@ -121,7 +121,7 @@ def _split_sum_kernel(P, Y, TOTAL, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, P
 
 
 @triton.jit
-def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr):
+def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr, X_F16: tl.constexpr):
     """acc (BLOCK_N, BLOCK_M) += w (BLOCK_N, BLOCK_K) @ xt (BLOCK_K, BLOCK_M).
 
     fp8 weights are widened in registers (the bytes saved are in the load). F16: both operands in
@@ -131,7 +131,8 @@ def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr
     (bfloat16 x below 2^-14 loses low bits); x beyond that range saturates instead of becoming inf."""
     if F16:
         w = w.to(tl.float16)
-        xt = tl.clamp(xt.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        if not X_F16:  # x converted before the launch (`gemv(x_f16=True)`)
+            xt = tl.clamp(xt.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     else:
         w = w.to(xt.dtype)
     if UPCAST:  # see `_interpreted_bf16`
@@ -161,7 +162,7 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          scale: torch.Tensor | None = None, block_n: int | None = None, block_k: int | None = None,
          num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None,
-         kind: str = "dot", pdl: bool = False) -> torch.Tensor:
+         x_f16: bool = False, kind: str = "dot", pdl: bool = False) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 16 (MAX_ROWS); x and weight need a contiguous last dim. Grid ceil(N / BLOCK_N) x split_k;
@@ -172,7 +173,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     fp8 weights (float8_e4m3fn, from `quantize_fp8`) need `scale` (N,) float32, the per-row scale:
     y = x @ (weight * scale[:, None]).T + bias, half the bytes of bf16 weights; kind "dot" only,
     M <= 256 (MAX_ROWS_FP8: the token rows fill the MMA's N side, padded to a power of two >= 16).
-    With bfloat16/float16 x the products run in float16 (see `_dot`).
+    With bfloat16/float16 x the products run in float16 (see `_dot`); x_f16 converts x to float16
+    once before the launch (three small ops) instead of in every program at every K step: the same
+    result bit for bit, meant for many rows, where the x tile outgrows the weight tile (not yet
+    measured, so off by default).
 
     kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; float32 inputs use IEEE
     products, not TF32). split_k > 1 splits K over that many programs per column block, each
@@ -229,11 +233,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
         ieee = x.dtype == torch.float32 or upcast
         f16 = fp8 and x.dtype in (torch.bfloat16, torch.float16)
+        x_f16 = f16 and x_f16
+        if x_f16 and x.dtype != torch.float16:  # as `_dot` converts it, once for all programs
+            x = x.float().clamp(-65504.0, 65504.0).to(torch.float16)
         part = y if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
         _skinny_dot_kernel[(triton.cdiv(n, bn), split_k)](
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee, UPCAST=upcast,
-            F16=f16, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages,
+            F16=f16, X_F16=x_f16, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages,
             **launch_options(pdl),
         )
         if split_k > 1:
