@@ -63,8 +63,8 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 @triton.jit
 def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
                        HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr,
-                       X_F16: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PDL: tl.constexpr):
+                       X_F16: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
     # SPLIT_K > 1: program (i, s) sums the s-th K slice into its own float32 partial in P
@@ -240,8 +240,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         _skinny_dot_kernel[(triton.cdiv(n, bn), split_k)](
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee, UPCAST=upcast,
-            F16=f16, X_F16=x_f16, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps, **stages,
-            **launch_options(pdl),
+            F16=f16, X_F16=x_f16, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+            num_warps=num_warps, **stages, **launch_options(pdl),
         )
         if split_k > 1:
             _split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, y, m * n, SPLIT_K=split_k, BLOCK=1024, PDL=pdl,
