@@ -231,13 +231,14 @@ def profile_acceptance(
     positional, by_rank = summarize_traces(traces, top_k)
     recipe = dfolder / "swiftspec_draft.json"  # how a self-draft was made (real_models.py)
     meta = run_metadata(device)
+    tname, dname = _named(tfolder.name, weight_format), _named(dfolder.name, draft_weight_format)
     meta.update(
         source="measured",
-        name=f"{_named(tfolder.name, weight_format)}__{_named(dfolder.name, draft_weight_format)}",
+        name=f"{tname}__{dname}",
         target=str(tfolder),
         draft=str(dfolder),
-        target_name=_named(tfolder.name, weight_format),
-        draft_name=_named(dfolder.name, draft_weight_format),
+        target_name=tname,
+        draft_name=dname,
         target_weight_format=weight_format,
         draft_weight_format=draft_weight_format,
         draft_recipe=json.loads(recipe.read_text()) if recipe.exists() else None,
