@@ -17,7 +17,8 @@ Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens, and tree
 (log-softmax + top-8 over the Llama-3 and Qwen2 vocabularies, 1/8/64 rows of float32 logits,
 `swiftspec.kernels.topk` vs the torch ops `DraftTree.grow` runs). `--fit-sweep` instead
 measures every grid shape (and 1 query) at num_splits 1..64 with combine "separate", the data
-`fit_split_model.py` fits `SEPARATE_COST` to.
+`fit_split_model.py` fits `SEPARATE_COST` to. `--tile-sweep` measures BLOCK_M x BLOCK_N x warps x
+stages x num_splits on the many-row shapes (kernels_tiles_<date>.csv).
 
 Timing: each measured call is captured in a CUDA graph, once per buffer set; the graph rotates
 over enough K/V (or cache-slot) sets to touch > 2× the 60 MB L2 per replay, so the L2 does not
@@ -43,6 +44,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
+import triton
 from tqdm import tqdm
 
 from swiftspec.files import atomic_write_text, run_metadata
@@ -242,6 +244,57 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
     return rows
 
 
+# Tile sweep: which (BLOCK_M, BLOCK_N, warps, stages, splits) the many-row shapes want. Rows per KV
+# head = queries x group: 256 for 64 queries of 32/8 heads, where the kernel is compute-bound at long
+# KV and BLOCK_M 64 feeds each K/V tile to only a quarter of the rows.
+TILE_GRID = ([(64, bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+             + [(128, bn, 8, st) for bn in (32, 64, 128) for st in (2, 3, 4)])
+TILE_SHAPES = [(16384, 64, (32, 8, 128)), (1024, 64, (32, 8, 128)), (4096, 64, (32, 8, 128)),
+               (16384, 128, (32, 8, 128)), (1024, 128, (32, 8, 128)), (16384, 16, (32, 8, 128)),
+               (16384, 64, (8, 1, 128)), (1024, 64, (8, 1, 128)), (16384, 128, (8, 1, 128))]
+TILE_SPLITS = (1, 2, 4, 8, 16, 32)
+
+
+def bench_attention_tiles(kv, t, hq, hkv, d, dtype, device, bw, gen, tiles=TILE_GRID, splits=TILE_SPLITS):
+    """One row per (tile, num_splits) that compiles and fits: µs per call, relative error.
+
+    A tile the GPU cannot hold (shared memory, registers) is a row with us = NaN and the error text.
+    """
+    elem = torch.tensor([], dtype=dtype).element_size()
+    set_bytes = 2 * hkv * kv * d * elem + 2 * t * hq * d * elem
+    n_sets = max(1, min(256, math.ceil(ROTATE_BYTES / set_bytes))) if device == "cuda" else 1
+    q, k, v, mask = attention_sets(t, hq, hkv, d, kv, dtype, device, n_sets, gen)
+    prefix = kv - t
+    pl = torch.tensor(prefix, dtype=torch.int32, device=device)
+    packed = pack_tree_mask(mask)
+    scale = d**-0.5
+    outs = torch.empty_like(q)
+    ref = tree_attention_ref(q[0], k[0], v[0], prefix, mask, scale).double()
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
+    default = choose_config(t, hq, hkv, d, kv, elem, num_sms)
+    base = {"kv": kv, "queries": t, "heads": f"{hq}/{hkv}", "head_dim": d, "dtype": str(dtype).split(".")[-1],
+            "buffer_sets": n_sets, "floor_us": set_bytes / bw * 1e6 if bw == bw else float("nan"),
+            "default": f"{default.block_m}/{default.block_n}/{default.num_warps}/{default.num_stages}"
+                       f"/{default.num_splits}"}
+    rows = []
+    for bm, bn, warps, stages in tiles:
+        for ns in sorted({*splits, default.num_splits}):
+            if ns > triton.cdiv(kv, bn):
+                continue
+            kw = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "num_splits": ns}
+            row = {**base, "impl": "triton_tile", **kw}
+            try:
+                o = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed, **kw)
+                row["rel_err"] = float((o.double() - ref).norm() / ref.norm())
+                row["us"] = time_calls([
+                    (lambda i=i, kw=kw: tree_attention(q[i], k[i], v[i], pl, mask, scale, packed_mask=packed,
+                                                      out=outs[i], **kw)) for i in range(n_sets)], device)
+            except Exception as e:  # out of shared memory / registers: record and go on
+                row.update(us=float("nan"), rel_err=float("nan"), error=f"{type(e).__name__}: {str(e)[:120]}")
+            rows.append(row)
+    return rows
+
+
 # ------------------------------------------------------------------------------------ kv_move
 
 
@@ -384,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-sweep", action="store_true",
                     help="only the data to fit SplitCostModel: every grid shape (and 1 query) x num_splits "
                          "1..64, combine separate; fit with benchmarks/fit_split_model.py")
+    ap.add_argument("--tile-sweep", action="store_true",
+                    help="only the tile sweep: BLOCK_M x BLOCK_N x warps x stages x num_splits on the many-row "
+                         "shapes (kernels_tiles_<date>.csv)")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
@@ -416,6 +472,34 @@ def main(argv: list[str] | None = None) -> int:
         write_rows(stem, df, {**run_metadata(device), "copy_bandwidth_Bps": bw,
                               "elapsed_s": time.perf_counter() - t_start})
         print(df.pivot_table(index=["vocab", "queries"], columns="impl", values=["us", "launch_us", "wall_us", "wall_us_two_copies"]).round(1).to_string())
+        print(f"wrote {stem}.json and .csv")
+        return 0
+    if args.tile_sweep:
+        shapes = [(160, 8, (4, 2, 64))] if args.quick else TILE_SHAPES
+        tiles = [(16, 32, 4, 2), (32, 64, 4, 2)] if args.quick else TILE_GRID
+        stem = Path(args.out) / f"kernels_tiles_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
+        for kv, t, (hq, hkv, d) in tqdm(shapes, desc="tile sweep (shapes)"):
+            rows += bench_attention_tiles(kv, t, hq, hkv, d, dtype, device, bw, gen, tiles=tiles,
+                                          splits=(1, 2) if args.quick else TILE_SPLITS)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            # Rewritten after every shape: a run cut short keeps what it measured.
+            df = pd.DataFrame(rows)
+            write_rows(stem, df, {**run_metadata(device), "copy_bandwidth_Bps": bw,
+                                  "elapsed_s": time.perf_counter() - t_start, "shapes_done": len(df.groupby(
+                                      ["heads", "kv", "queries"])), "shapes": len(shapes)})
+        key = ["heads", "kv", "queries"]
+        ok = df.dropna(subset=["us"])
+        best = ok.loc[ok.groupby(key).us.idxmin()].set_index(key)
+        dflt = ok[ok.apply(lambda r: r["default"] == f"{r.block_m}/{r.block_n}/{r.num_warps}/{r.num_stages}"
+                                                    f"/{r.num_splits}", axis=1)].set_index(key)
+        table = best[["block_m", "block_n", "num_warps", "num_stages", "num_splits", "us", "floor_us"]].copy()
+        table["default"] = best["default"]
+        table["default_us"] = dflt["us"]
+        pd.set_option("display.width", 200)
+        print("\nbest tile per shape (µs; default = block_m/block_n/warps/stages/splits of choose_config):")
+        print(table.round(1).to_string())
+        print(f"failed configs: {int(df.us.isna().sum())} of {len(df)}; worst rel_err {df.rel_err.max():.2e}")
         print(f"wrote {stem}.json and .csv")
         return 0
     if args.fit_sweep:

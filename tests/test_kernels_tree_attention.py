@@ -116,6 +116,15 @@ def test_many_queries_and_int_prefix():
              prefix_as_tensor=False)
 
 
+@pytest.mark.parametrize("block_m,block_n,num_warps,num_stages", [(128, 32, 8, 3), (128, 128, 8, 2), (64, 128, 4, 4)])
+def test_tile_overrides_match_reference(block_m, block_n, num_warps, num_stages):
+    """The tiles the tile sweep tries (BLOCK_M 128: 160 rows = two row tiles, the second half empty)."""
+    gen = torch.Generator().manual_seed(block_m + block_n + num_stages)
+    t, hq, hkv = 40, 8, 2
+    run_case(t, hq, hkv, 64, 400, 300, tree_case("verify", t, t, gen), torch.bfloat16, 3, gen,
+             block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+
+
 def test_splits_agree_and_noncontiguous_q():
     """q as a strided view of a fused qkv buffer; 1, 2 and 7 splits give the same answer."""
     gen = torch.Generator().manual_seed(3)
@@ -364,6 +373,16 @@ def test_gpu_shapes(t, hq, hkv, d, max_len, prefix, kind, dtype):
     gen = torch.Generator().manual_seed(t * 1000 + hq)
     n = {"verify": t, "draft": 3 * t, "causal": t, "padded": t + 29}[kind]
     run_case(t, hq, hkv, d, max_len, prefix, tree_case(kind, t, n, gen), dtype, None, gen)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("block_m,block_n,num_warps,num_stages", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 8, 3)])
+@pytest.mark.parametrize("t,hq,hkv,prefix", [(64, 32, 8, 16000), (128, 8, 1, 900), (16, 32, 8, 5000)])
+def test_gpu_tiles(t, hq, hkv, prefix, block_m, block_n, num_warps, num_stages):
+    gen = torch.Generator().manual_seed(t + block_m + block_n)
+    run_case(t, hq, hkv, 128, prefix + t + 7, prefix, tree_case("verify", t, t, gen), torch.bfloat16, None, gen,
+             block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
 
 
 @pytest.mark.gpu

@@ -212,10 +212,10 @@ def _tree_attn_kernel(
             s = tl.dot(q, k, input_precision="ieee")
         else:
             s = tl.dot(q, k)
-        s = s * scale_log2
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Scale folded into the max (exact: scale > 0) and into one FMA with the subtraction.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        p = tl.exp2(s * scale_log2 - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + cols[:, None] * stride_vn)
         if DOT_F32:
@@ -245,10 +245,10 @@ def _tree_attn_kernel(
             s = tl.dot(q, k, input_precision="ieee")
         else:
             s = tl.dot(q, k)
-        s = tl.where(allowed, s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        p = tl.exp2(s * scale_log2 - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None], other=0.0)
         if DOT_F32:
@@ -497,7 +497,7 @@ def choose_config(
     t: int, hq: int, hkv: int, d: int, max_len: int, elem_bytes: int, num_sms: int = _DEFAULT_NUM_SMS,
     num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
     *, rule: str = "model", num_stages: int | None = None, combine: str = "separate",
-    cost: SplitCostModel | None = None,
+    cost: SplitCostModel | None = None, num_warps: int | None = None,
 ) -> TreeAttentionConfig:
     """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
 
@@ -527,7 +527,7 @@ def choose_config(
             num_splits = max(1, min(by_sms, by_keys, by_bytes, _MAX_SPLITS))
     # ptxas for sm_90 (triton 3.9): BLOCK_M 64 with 4 warps spills (255 regs + 272 B stack); with
     # 8 warps it does not and uses wgmma (HGMMA). BLOCK_M <= 32 fits 4 warps (mma.sync, no spill).
-    num_warps = 8 if bm >= 64 else 4
+    num_warps = num_warps or (8 if bm >= 64 else 4)
     if num_stages is None:
         # A third pipeline stage pays off once a program walks many key blocks (H200 sweep,
         # kernels_2026-12-02 second run: 32/8 kv 16384 q64, 4096 keys per split: 124 -> 94 µs;
@@ -580,6 +580,7 @@ def tree_attention(
     workspace: TreeAttentionWorkspace | None = None,
     rule: str = "model",
     num_stages: int | None = None,
+    num_warps: int | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
     """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
@@ -592,7 +593,8 @@ def tree_attention(
         tree_mask:   (T, N) bool, N <= max_len - prefix_len
         packed_mask: optional (T, ceil(N/32)) int32 from `pack_tree_mask(tree_mask)`; pass it to
                      skip the packing launch (pack once per step, use for every layer)
-        num_splits / block_m / block_n / num_stages: override the launch shape (benchmarks, tests)
+        num_splits / block_m / block_n / num_stages / num_warps: override the launch shape
+                     (benchmarks, tests)
         out:         optional (T, Hq, D) output buffer, dtype of q, last dim contiguous (static
                      buffers for CUDA graphs)
         combine:     how splits are merged when num_splits > 1: "separate" (default: a second,
@@ -638,7 +640,7 @@ def tree_attention(
     group = hq // hkv
     cfg = choose_config(
         t, hq, hkv, d, max_len, k_cache.element_size(), _num_sms(device), num_splits, block_m, block_n,
-        rule=rule, num_stages=num_stages, combine=combine,
+        rule=rule, num_stages=num_stages, combine=combine, num_warps=num_warps,
     )
     rows = t * group
     m_tiles = triton.cdiv(rows, cfg.block_m)
@@ -669,7 +671,8 @@ def tree_attention(
         packed_mask.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         SPLIT=split, IEEE=ieee or dot_f32, DOT_F32=dot_f32,
-        IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits), PDL=pdl,
+        # SPLITS_P2 only shapes the in-kernel merge: 1 otherwise, so split counts share one compile.
+        IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits) if in_kernel else 1, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
     )
     if split and not in_kernel:
