@@ -440,6 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tile-sweep", action="store_true",
                     help="only the tile sweep: BLOCK_M x BLOCK_N x warps x stages x num_splits on the many-row "
                          "shapes (kernels_tiles_<date>.csv)")
+    ap.add_argument("--tile-shapes", default=None,
+                    help="tile sweep shapes instead of the built-in nine, as kv:queries:hq/hkv, comma-separated "
+                         "(e.g. 1024:32:32/8,16384:64:8/1; head dim 128)")
+    ap.add_argument("--tiles", default=None,
+                    help="tile sweep tiles instead of the built-in 21, as block_m/block_n/warps/stages, comma-separated "
+                         "(e.g. 64/64/4/3,128/64/8/3)")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
@@ -476,7 +482,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.tile_sweep:
         shapes = [(160, 8, (4, 2, 64))] if args.quick else TILE_SHAPES
+        if args.tile_shapes:
+            try:
+                shapes = [(int(kv), int(t), (*map(int, h.split("/")), 128))
+                          for kv, t, h in (x.split(":") for x in args.tile_shapes.split(","))]
+            except ValueError:
+                print(f"error: --tile-shapes {args.tile_shapes!r}: want kv:queries:hq/hkv,... e.g. 1024:32:32/8",
+                      file=sys.stderr)
+                return 2
         tiles = [(16, 32, 4, 2), (32, 64, 4, 2)] if args.quick else TILE_GRID
+        if args.tiles:
+            try:
+                tiles = [tuple(int(v) for v in x.split("/")) for x in args.tiles.split(",")]
+                assert all(len(x) == 4 for x in tiles)
+            except (ValueError, AssertionError):
+                print(f"error: --tiles {args.tiles!r}: want block_m/block_n/warps/stages,... e.g. 128/64/8/3",
+                      file=sys.stderr)
+                return 2
         stem = Path(args.out) / f"kernels_tiles_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
         for kv, t, (hq, hkv, d) in tqdm(shapes, desc="tile sweep (shapes)"):
             rows += bench_attention_tiles(kv, t, hq, hkv, d, dtype, device, bw, gen, tiles=tiles,

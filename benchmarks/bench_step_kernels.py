@@ -19,7 +19,8 @@ and, for <= 16 tokens, the Triton skinny linear (`impl` column). Fusion "triton+
 "triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
 a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`),
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
-combine="kernel")`) instead of the default second launch; a "+fp8" suffix runs a second copy of
+combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
+tiles of before the 2026-12-03 tile sweep (`max_block_m=64`); a "+fp8" suffix runs a second copy of
 the model with weight-only fp8 GEMM weights (`load_model(weight_format="fp8")`; with "gemv" the
 fp8 skinny linear runs every forward) against its own floor (`bytes_read` of the fp8 spec); its
 logits differ from "off" by the quantization.
@@ -186,7 +187,8 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
                 model.set_fusion(fu)
                 model.set_linear("triton" if "gemv" in extras else "torch")
                 if model.attention == "triton":
-                    model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate")
+                    model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
+                                        max_block_m=64 if "bm64" in extras else 128)
                 model.set_pdl("pdl" in extras)
                 runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
                 first = kv == args.kv[0] and rnd == 0
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch, +kernelcombine (tree attention's"
-                         " in-kernel combine) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8")
+                         " in-kernel combine), +bm64 (attention tiles capped at 64 rows) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8")
     ap.add_argument("--breakdown-tokens", default="1,64",
                     help="token counts whose graph replay gets a per-kernel-category profile (CUDA, first kv)")
     ap.add_argument("--attention", default="triton", help="torch | triton")

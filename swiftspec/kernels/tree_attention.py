@@ -51,9 +51,9 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
 
 Tile sizes: BLOCK_N = 64 keys for D = 128 (K and V tiles 16 KB each in bf16), 128 for D = 64,
 32 for float32 inputs (a correctness path: IEEE dots spill registers even so);
-BLOCK_M = 16..64 rows by the row count; num_warps 4 (8 at BLOCK_M 64, where 4 warps spill
-registers), num_stages 2 (3 when a split walks >= 8 key blocks). Heuristic, not autotuned:
-autotuning inside CUDA-graph capture is slow and picks per-shape configs the graph cannot change.
+BLOCK_M = 16..64 rows by the row count, 128 from 256 rows on (measured by `bench_kernels.py
+--tile-sweep`); num_warps 4 (8 at BLOCK_M >= 64, where 4 warps spill registers), num_stages 2
+(3 when a split walks >= 8 key blocks). Heuristic, not autotuned: autotuning inside CUDA-graph capture is slow and picks per-shape configs the graph cannot change.
 """
 
 from __future__ import annotations
@@ -497,10 +497,12 @@ def choose_config(
     t: int, hq: int, hkv: int, d: int, max_len: int, elem_bytes: int, num_sms: int = _DEFAULT_NUM_SMS,
     num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
     *, rule: str = "model", num_stages: int | None = None, combine: str = "separate",
-    cost: SplitCostModel | None = None, num_warps: int | None = None,
+    cost: SplitCostModel | None = None, num_warps: int | None = None, max_block_m: int = 128,
 ) -> TreeAttentionConfig:
     """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
 
+    BLOCK_M: 16..64 by the row count, 128 from 256 rows on (bf16/fp16, D <= 128) unless
+    max_block_m < 128 or rule="legacy" (the earlier tiles, kept for A/B runs).
     rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 with the
     model fitted to the measured H200 sweep of the combine mode (`SPLIT_COST[combine]`, or `cost`
     when given; see `SplitCostModel`). rule="legacy": the first heuristic, kept so the
@@ -512,6 +514,11 @@ def choose_config(
         raise ValueError(f"rule must be 'model' or 'legacy', got {rule!r}")
     rows = t * (hq // hkv)
     bm = block_m or min(64, max(16, triton.next_power_of_2(rows)))
+    if block_m is None and rule == "model" and rows >= 256 and elem_bytes <= 2 and d <= 128 and max_block_m >= 128:
+        # Tile sweep (kernels_tiles_2026-12-03, 32/8 heads, 256-512 rows): each K/V tile feeding
+        # 128 rows halves the programs' key-block walks at the same time per block (latency-bound:
+        # ~1.25 us per block either way), e.g. kv 16384 q64 89.0 -> 51.9 us, kv 1024 q64 20.3 -> 16.1.
+        bm = 128
     # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles).
     bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 else 128)
     if num_splits is None:
@@ -581,6 +588,7 @@ def tree_attention(
     rule: str = "model",
     num_stages: int | None = None,
     num_warps: int | None = None,
+    max_block_m: int = 128,
     pdl: bool = False,
 ) -> torch.Tensor:
     """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
@@ -595,6 +603,7 @@ def tree_attention(
                      skip the packing launch (pack once per step, use for every layer)
         num_splits / block_m / block_n / num_stages / num_warps: override the launch shape
                      (benchmarks, tests)
+        max_block_m: 64 keeps the tiles of before the 2026-12-03 tile sweep (A/B runs)
         out:         optional (T, Hq, D) output buffer, dtype of q, last dim contiguous (static
                      buffers for CUDA graphs)
         combine:     how splits are merged when num_splits > 1: "separate" (default: a second,
@@ -640,7 +649,7 @@ def tree_attention(
     group = hq // hkv
     cfg = choose_config(
         t, hq, hkv, d, max_len, k_cache.element_size(), _num_sms(device), num_splits, block_m, block_n,
-        rule=rule, num_stages=num_stages, combine=combine, num_warps=num_warps,
+        rule=rule, num_stages=num_stages, combine=combine, num_warps=num_warps, max_block_m=max_block_m,
     )
     rows = t * group
     m_tiles = triton.cdiv(rows, cfg.block_m)

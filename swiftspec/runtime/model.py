@@ -284,16 +284,18 @@ class Transformer(nn.Module):
             # split-KV combine counters shared by every layer: no memset launch per layer
             self._workspace = TreeAttentionWorkspace(self.device)
 
-    def set_attention(self, impl: str, combine: str = ATTENTION_COMBINE) -> None:
+    def set_attention(self, impl: str, combine: str = ATTENTION_COMBINE, max_block_m: int = 128) -> None:
         """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
         (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`, whose
         split-KV partials are merged by `combine` ("separate": a second launch, the default;
-        "kernel": inside the attention launch)."""
+        "kernel": inside the attention launch); max_block_m 64 keeps its tiles of before the
+        2026-12-03 tile sweep (benchmarks' A/B runs)."""
         if impl not in ATTENTION_IMPLS:
             raise UserError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         if combine not in ("separate", "kernel"):
             raise UserError(f"combine must be 'separate' or 'kernel', got {combine!r}")
         self.attn_combine = combine
+        self.attn_max_block_m = max_block_m
         self._kernel = self._pack = None
         if impl == "triton":
             try:
@@ -379,7 +381,7 @@ class Transformer(nn.Module):
         if self._kernel is not None:
             ws = {"workspace": self._workspace} if self._workspace is not None else {}
             return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, pdl=self.pdl,
-                                combine=self.attn_combine, **ws)
+                                combine=self.attn_combine, max_block_m=self.attn_max_block_m, **ws)
         return tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
 
     def _layers_triton(self, x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed):
