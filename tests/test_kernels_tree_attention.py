@@ -275,7 +275,9 @@ def test_bad_combine_mode():
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SWEEP_CSV = RESULTS / "kernels_2026-12-02.csv"  # in-kernel combine era: grid + a 5-shape sweep
 FIT_CSV = RESULTS / "kernels_fit_2026-12-03.csv"  # combine "separate": 30 shapes x num_splits 1..64
-TILES_CSV = RESULTS / "kernels_tiles_2026-12-03.csv"  # BLOCK_M x BLOCK_N x warps x stages x splits, many rows
+# BLOCK_M x BLOCK_N x warps x stages x splits: 21 tiles on 6 shapes of 256-512 rows (the first), 6
+# tiles on 8 shapes of 64-1024 rows (b)
+TILES_CSVS = [RESULTS / "kernels_tiles_2026-12-03.csv", RESULTS / "kernels_tiles_2026-12-03b.csv"]
 
 
 def test_choose_config_rules():
@@ -290,7 +292,12 @@ def test_choose_config_rules():
     c = choose_config(64, 32, 8, 128, 16384, 2, 132, max_block_m=64)  # the earlier tiles
     assert (c.block_m, c.num_splits) == (64, 4)
     assert choose_config(128, 32, 8, 128, 16384, 2, 132).num_splits == 4  # 512 rows: 4 (85.3 µs; 8: 93.9)
-    assert choose_config(32, 32, 8, 128, 16384, 2, 132).block_m == 64  # 128 rows: not measured, unchanged
+    c = choose_config(16, 32, 8, 128, 1024, 2, 132)  # 64 rows: BLOCK_M 128 (kernels_tiles_2026-12-03b)
+    assert (c.block_m, c.num_warps) == (128, 8)
+    c = choose_config(8, 32, 8, 128, 1024, 2, 132)  # 32 rows: unmeasured, the earlier BLOCK_M, 4 warps
+    assert (c.block_m, c.num_warps) == (32, 4)
+    assert choose_config(12, 32, 8, 128, 1024, 2, 132).num_warps == 4  # 48 rows: BLOCK_M 64, 4 warps
+    assert choose_config(12, 32, 8, 128, 1024, 2, 132, max_block_m=64).num_warps == 8  # earlier tiles
     assert choose_config(64, 32, 8, 128, 16384, 4, 132).block_m == 64  # float32 path unchanged
     assert choose_config(8, 8, 1, 128, 16384, 2, 132).num_splits == 64  # its merge is cheap: more splits
     with pytest.raises(ValueError, match="combine"):
@@ -346,10 +353,10 @@ def test_split_model_reproduces_committed_sweep(combine):
 
 def test_default_tiles_are_near_the_tile_sweeps_best():
     """On the committed tile sweep (H200, many-row shapes), the default config's measured time is
-    within 15 % of the best measured config of every shape, and from 256 rows on the best BLOCK_M 128
-    config beats the best BLOCK_M 64 one by >= 10 %."""
-    df = pd.read_csv(TILES_CSV).dropna(subset=["us"])
-    assert df.groupby(["heads", "kv", "queries"]).ngroups >= 6
+    within 15 % of the best measured config of every shape, and from 64 rows on the best BLOCK_M 128
+    config beats (or, at one shape, ties within 1 %) the best BLOCK_M 64 one."""
+    df = pd.concat([pd.read_csv(p) for p in TILES_CSVS]).dropna(subset=["us"])
+    assert df.groupby(["heads", "kv", "queries"]).ngroups == 14
     for (heads, kv, t), g in df.groupby(["heads", "kv", "queries"]):
         hq, hkv = map(int, heads.split("/"))
         c = choose_config(t, hq, hkv, 128, kv, 2, 132)
@@ -357,8 +364,7 @@ def test_default_tiles_are_near_the_tile_sweeps_best():
                  & (g.num_stages == c.num_stages) & (g.num_splits == c.num_splits)].us
         assert len(mine) == 1, (heads, kv, t, c)
         assert float(mine.iloc[0]) <= 1.15 * g.us.min(), (heads, kv, t, c, float(mine.iloc[0]), g.us.min())
-        if t * hq // hkv >= 256:
-            assert g[g.block_m == 128].us.min() <= 0.9 * g[g.block_m == 64].us.min()
+        assert g[g.block_m == 128].us.min() <= 1.01 * g[g.block_m == 64].us.min()  # 32/8 kv 16384 q16: a tie
 
 
 def test_fit_script_reproduces_the_separate_cost_model(tmp_path):

@@ -51,9 +51,10 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
 
 Tile sizes: BLOCK_N = 64 keys for D = 128 (K and V tiles 16 KB each in bf16), 128 for D = 64,
 32 for float32 inputs (a correctness path: IEEE dots spill registers even so);
-BLOCK_M = 16..64 rows by the row count, 128 from 256 rows on (measured by `bench_kernels.py
---tile-sweep`); num_warps 4 (8 at BLOCK_M >= 64, where 4 warps spill registers), num_stages 2
-(3 when a split walks >= 8 key blocks). Heuristic, not autotuned: autotuning inside CUDA-graph capture is slow and picks per-shape configs the graph cannot change.
+BLOCK_M = 16..64 rows by the row count below 64 rows, 128 from 64 rows on (measured by `bench_kernels.py
+--tile-sweep`); num_warps 4 (8 at BLOCK_M 128: two 64-row wgmma warpgroups), num_stages 2
+(3 when a split walks >= 8 key blocks). Heuristic, not autotuned: autotuning inside CUDA-graph
+capture is slow and picks per-shape configs the graph cannot change.
 """
 
 from __future__ import annotations
@@ -501,8 +502,9 @@ def choose_config(
 ) -> TreeAttentionConfig:
     """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
 
-    BLOCK_M: 16..64 by the row count, 128 from 256 rows on (bf16/fp16, D <= 128) unless
-    max_block_m < 128 or rule="legacy" (the earlier tiles, kept for A/B runs).
+    BLOCK_M: 16..64 (next power of two) below 64 rows, 128 from 64 rows on (bf16/fp16, D <= 128)
+    unless max_block_m < 128 or rule="legacy" (the earlier tiles, up to 64 rows with 8 warps, kept
+    for A/B runs).
     rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 with the
     model fitted to the measured H200 sweep of the combine mode (`SPLIT_COST[combine]`, or `cost`
     when given; see `SplitCostModel`). rule="legacy": the first heuristic, kept so the
@@ -514,10 +516,13 @@ def choose_config(
         raise ValueError(f"rule must be 'model' or 'legacy', got {rule!r}")
     rows = t * (hq // hkv)
     bm = block_m or min(64, max(16, triton.next_power_of_2(rows)))
-    if block_m is None and rule == "model" and rows >= 256 and elem_bytes <= 2 and d <= 128 and max_block_m >= 128:
-        # Tile sweep (kernels_tiles_2026-12-03, 32/8 heads, 256-512 rows): each K/V tile feeding
-        # 128 rows halves the programs' key-block walks at the same time per block (latency-bound:
-        # ~1.25 us per block either way), e.g. kv 16384 q64 89.0 -> 51.9 us, kv 1024 q64 20.3 -> 16.1.
+    wide_tiles = rule == "model" and max_block_m >= 128 and elem_bytes <= 2 and d <= 128
+    if block_m is None and wide_tiles and rows >= 64:
+        # Tile sweeps (kernels_tiles_2026-12-03{,b}, H200, 64-1024 rows): BLOCK_M 128 with 8 warps
+        # (two 64-row wgmma warpgroups) beat every BLOCK_M 64 tile at all 14 shapes, by 8-42 %, even
+        # half padding at 64 rows: per key block it costs about what a 64-row tile does (~1.25 µs,
+        # latency-bound), so fewer row tiles leave the splits more keys each. E.g. 32/8 kv 16384
+        # q64 89.0 -> 51.9 µs, kv 1024 q16 14.9 -> 12.9.
         bm = 128
     # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles).
     bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 else 128)
@@ -534,7 +539,9 @@ def choose_config(
             num_splits = max(1, min(by_sms, by_keys, by_bytes, _MAX_SPLITS))
     # ptxas for sm_90 (triton 3.9): BLOCK_M 64 with 4 warps spills (255 regs + 272 B stack); with
     # 8 warps it does not and uses wgmma (HGMMA). BLOCK_M <= 32 fits 4 warps (mma.sync, no spill).
-    num_warps = num_warps or (8 if bm >= 64 else 4)
+    # BLOCK_M 64: 8 warps under the earlier tiles (ptxas: 4 warps spill 272 B); the tile sweeps
+    # measured 4 warps 10-40 % faster at every shape all the same, so the wide-tile rule takes 4.
+    num_warps = num_warps or (8 if bm >= 128 or (bm == 64 and not wide_tiles) else 4)
     if num_stages is None:
         # A third pipeline stage pays off once a program walks many key blocks (H200 sweep,
         # kernels_2026-12-02 second run: 32/8 kv 16384 q64, 4096 keys per split: 124 -> 94 µs;
