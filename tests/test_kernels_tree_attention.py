@@ -298,6 +298,9 @@ def test_choose_config_rules():
     assert (c.block_m, c.num_warps) == (32, 4)
     assert choose_config(12, 32, 8, 128, 1024, 2, 132).num_warps == 4  # 48 rows: BLOCK_M 64, 4 warps
     assert choose_config(12, 32, 8, 128, 1024, 2, 132, max_block_m=64).num_warps == 8  # earlier tiles
+    # D 64 (Llama-3.2-1B): BLOCK_M 128 was slower there and out of shared memory at 3 stages
+    c = choose_config(64, 32, 8, 64, 4096, 2, 132)
+    assert (c.block_m, c.block_n, c.num_warps) == (64, 128, 8)
     assert choose_config(64, 32, 8, 128, 16384, 4, 132).block_m == 64  # float32 path unchanged
     assert choose_config(8, 8, 1, 128, 16384, 2, 132).num_splits == 64  # its merge is cheap: more splits
     with pytest.raises(ValueError, match="combine"):

@@ -51,8 +51,9 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
 
 Tile sizes: BLOCK_N = 64 keys for D = 128 (K and V tiles 16 KB each in bf16), 128 for D = 64,
 32 for float32 inputs (a correctness path: IEEE dots spill registers even so);
-BLOCK_M = 16..64 rows by the row count below 64 rows, 128 from 64 rows on (measured by `bench_kernels.py
---tile-sweep`); num_warps 4 (8 at BLOCK_M 128: two 64-row wgmma warpgroups), num_stages 2
+BLOCK_M = 16..64 rows by the row count below 64 rows, 128 from 64 rows on at D 128 (measured by
+`bench_kernels.py --tile-sweep`); num_warps 4 (8 at BLOCK_M 128: two 64-row wgmma warpgroups, and at
+BLOCK_M 64 for D != 128, where 4 warps spill registers), num_stages 2
 (3 when a split walks >= 8 key blocks). Heuristic, not autotuned: autotuning inside CUDA-graph
 capture is slow and picks per-shape configs the graph cannot change.
 """
@@ -502,7 +503,7 @@ def choose_config(
 ) -> TreeAttentionConfig:
     """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
 
-    BLOCK_M: 16..64 (next power of two) below 64 rows, 128 from 64 rows on (bf16/fp16, D <= 128)
+    BLOCK_M: 16..64 (next power of two) below 64 rows, 128 from 64 rows on (bf16/fp16, D 128)
     unless max_block_m < 128 or rule="legacy" (the earlier tiles, up to 64 rows with 8 warps, kept
     for A/B runs).
     rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 with the
@@ -516,16 +517,20 @@ def choose_config(
         raise ValueError(f"rule must be 'model' or 'legacy', got {rule!r}")
     rows = t * (hq // hkv)
     bm = block_m or min(64, max(16, triton.next_power_of_2(rows)))
-    wide_tiles = rule == "model" and max_block_m >= 128 and elem_bytes <= 2 and d <= 128
+    # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles).
+    bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 else 128)
+    # Only where measured: D 128 (BLOCK_N 64). At D 64 (BLOCK_N 128: Llama-3.2-1B) BLOCK_M 128 made
+    # the 1B step 11-13 % slower at 16-128 tokens and ran out of shared memory at 3 stages
+    # (bench_step_kernels-2026-12-03k).
+    wide_tiles = rule == "model" and max_block_m >= 128 and elem_bytes <= 2 and d == 128 and bn == 64
     if block_m is None and wide_tiles and rows >= 64:
         # Tile sweeps (kernels_tiles_2026-12-03{,b}, H200, 64-1024 rows): BLOCK_M 128 with 8 warps
-        # (two 64-row wgmma warpgroups) beat every BLOCK_M 64 tile at all 14 shapes, by 8-42 %, even
+        # (two 64-row wgmma warpgroups) beat every BLOCK_M 64 tile at 13 of 14 shapes (a tie at the
+        # 14th) and the earlier default (BLOCK_M 64, 8 warps) at all 14 by 8-48 %, even
         # half padding at 64 rows: per key block it costs about what a 64-row tile does (~1.25 µs,
         # latency-bound), so fewer row tiles leave the splits more keys each. E.g. 32/8 kv 16384
         # q64 89.0 -> 51.9 µs, kv 1024 q16 14.9 -> 12.9.
         bm = 128
-    # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles).
-    bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 else 128)
     if num_splits is None:
         if rule == "model":
             if combine not in SPLIT_COST:

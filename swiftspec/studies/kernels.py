@@ -62,8 +62,9 @@ def _check(df: pd.DataFrame, cols: Sequence[str], path: Path) -> pd.DataFrame:
 
 
 def _kernel_files(folder: Path) -> list[Path]:
-    """bench_kernels.py grids in date order; not its `--fit-sweep` files (kernels_fit_*: sweeps only)."""
-    return sorted(f for f in folder.glob("kernels_*.json") if not f.name.startswith("kernels_fit_"))
+    """bench_kernels.py grids in date order; not its `--fit-sweep` or `--tile-sweep` files
+    (kernels_fit_*, kernels_tiles_*: sweeps only)."""
+    return sorted(f for f in folder.glob("kernels_*.json") if not f.name.startswith(("kernels_fit_", "kernels_tiles_")))
 
 
 def _step_files(folder: Path, newest: bool = False) -> list[Path]:
