@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -139,6 +140,35 @@ def attention_sets(t, hq, hkv, d, kv, dtype, device, n_sets, gen):
     return q, k, v, mask
 
 
+@dataclass
+class AttentionInputs:
+    """One tree-attention shape's rotating buffers: n_sets (q, k, v) sets, one tree mask (packed
+    too), prefix = kv - T as a device int32, and an output per set. set_bytes: K + V + q + out."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor
+    pl: torch.Tensor
+    packed: torch.Tensor
+    outs: torch.Tensor
+    prefix: int
+    scale: float
+    elem: int
+    set_bytes: int
+    n_sets: int
+
+    @classmethod
+    def make(cls, kv, t, hq, hkv, d, dtype, device, gen) -> AttentionInputs:
+        elem = torch.tensor([], dtype=dtype).element_size()
+        set_bytes = 2 * hkv * kv * d * elem + 2 * t * hq * d * elem
+        n_sets = max(1, min(256, math.ceil(ROTATE_BYTES / set_bytes))) if device == "cuda" else 1
+        q, k, v, mask = attention_sets(t, hq, hkv, d, kv, dtype, device, n_sets, gen)
+        pl = torch.tensor(kv - t, dtype=torch.int32, device=device)
+        return cls(q, k, v, mask, pl, pack_tree_mask(mask), torch.empty_like(q), kv - t, d**-0.5, elem, set_bytes,
+                   n_sets)
+
+
 # (impl, rule, combine); "triton" is the library default and the one the goals judge.
 VARIANTS = [
     ("triton", "model", "separate"),
@@ -150,15 +180,9 @@ VARIANTS = [
 
 def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), stages_sweep=(),
                     combines=("separate", "kernel")):
-    elem = torch.tensor([], dtype=dtype).element_size()
-    set_bytes = 2 * hkv * kv * d * elem + 2 * t * hq * d * elem
-    n_sets = max(1, min(256, math.ceil(ROTATE_BYTES / set_bytes))) if device == "cuda" else 1
-    q, k, v, mask = attention_sets(t, hq, hkv, d, kv, dtype, device, n_sets, gen)
-    prefix = kv - t
-    pl = torch.tensor(prefix, dtype=torch.int32, device=device)
-    packed = pack_tree_mask(mask)
-    scale = d**-0.5
-    outs = torch.empty_like(q)
+    a = AttentionInputs.make(kv, t, hq, hkv, d, dtype, device, gen)
+    elem, set_bytes, n_sets, prefix, scale = a.elem, a.set_bytes, a.n_sets, a.prefix, a.scale
+    q, k, v, mask, pl, packed, outs = a.q, a.k, a.v, a.mask, a.pl, a.packed, a.outs
     ws = TreeAttentionWorkspace(device)  # one per stream of calls, as the model would hold it
     rows = []
     base = {"kv": kv, "queries": t, "heads": f"{hq}/{hkv}", "head_dim": d, "dtype": str(dtype).split(".")[-1],
@@ -260,15 +284,9 @@ def bench_attention_tiles(kv, t, hq, hkv, d, dtype, device, bw, gen, tiles=TILE_
 
     A tile the GPU cannot hold (shared memory, registers) is a row with us = NaN and the error text.
     """
-    elem = torch.tensor([], dtype=dtype).element_size()
-    set_bytes = 2 * hkv * kv * d * elem + 2 * t * hq * d * elem
-    n_sets = max(1, min(256, math.ceil(ROTATE_BYTES / set_bytes))) if device == "cuda" else 1
-    q, k, v, mask = attention_sets(t, hq, hkv, d, kv, dtype, device, n_sets, gen)
-    prefix = kv - t
-    pl = torch.tensor(prefix, dtype=torch.int32, device=device)
-    packed = pack_tree_mask(mask)
-    scale = d**-0.5
-    outs = torch.empty_like(q)
+    a = AttentionInputs.make(kv, t, hq, hkv, d, dtype, device, gen)
+    elem, set_bytes, n_sets, prefix, scale = a.elem, a.set_bytes, a.n_sets, a.prefix, a.scale
+    q, k, v, mask, pl, packed, outs = a.q, a.k, a.v, a.mask, a.pl, a.packed, a.outs
     ref = tree_attention_ref(q[0], k[0], v[0], prefix, mask, scale).double()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
     default = choose_config(t, hq, hkv, d, kv, elem, num_sms)
