@@ -559,12 +559,18 @@ def main(argv: list[str] | None = None) -> int:
               .round(1).to_string())
         print(f"wrote {stem}.json and .csv")
         return 0
-    for hq, hkv, d in heads:
-        for kv in kvs:
-            for t in queries:
-                rows += bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen)
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+    stamp = dt.date.today().isoformat() + ("_quick" if args.quick else "")
+    out = Path(args.out)
+    grid = [(hq, hkv, d, kv, t) for hq, hkv, d in heads for kv in kvs for t in queries]
+    for i, (hq, hkv, d, kv, t) in enumerate(tqdm(grid, desc="tree attention grid")):
+        rows += bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        # Rewritten after every shape (the complete file, with goals, replaces it at the end): a run
+        # cut short by a device time limit keeps what it measured.
+        write_rows(out / f"kernels_{stamp}", pd.DataFrame(rows), {
+            **run_metadata(device), "copy_bandwidth_Bps": bw, "elapsed_s": time.perf_counter() - t_start,
+            "partial": f"{i + 1} of {len(grid)} grid shapes; no sweeps, kv_move or tree growth yet"})
     if not args.no_sweep:
         for kv, t, (hq, hkv, d), splits in sweep:
             rows += bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=splits)
@@ -581,8 +587,6 @@ def main(argv: list[str] | None = None) -> int:
     meta.update({"copy_bandwidth_Bps": bw, "copy_bandwidth_graph_Bps": copy_bandwidth(device, graph=True), "elapsed_s": elapsed, "quick": args.quick,
                  "rotate_bytes": ROTATE_BYTES})
     tri = goals(df)
-    stamp = dt.date.today().isoformat() + ("_quick" if args.quick else "")
-    out = Path(args.out)
     payload = {"metadata": meta, "rows": json.loads(df.to_json(orient="records")),
                "goals": json.loads(tri[["kv", "queries", "heads", "us", "goal_us", "goal_met"]].to_json(orient="records"))}
     atomic_write_text(out / f"kernels_{stamp}.json", json.dumps(payload, indent=1))

@@ -1,5 +1,6 @@
-"""benchmarks/bench_kernels.py --tile-sweep on CPU (TRITON_INTERPRET=1): every tile it tries matches
-the torch reference, and the result file says which tile each row ran."""
+"""benchmarks/bench_kernels.py on CPU (TRITON_INTERPRET=1): every tile the tile sweep tries matches
+the torch reference and its file says which tile each row ran; the grid's complete file (with
+goals) replaces the partial ones it writes after every shape."""
 
 from __future__ import annotations
 
@@ -26,3 +27,17 @@ def test_tile_sweep_quick(tmp_path):
     meta = json.loads(csv.with_suffix(".json").read_text())["metadata"]
     assert meta["shapes_done"] == meta["shapes"] == 1
     assert "best tile per shape" in proc.stdout
+
+
+def test_grid_quick_final_file_replaces_the_partial_ones(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--no-sweep", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (js,) = tmp_path.glob("kernels_*_quick.json")
+    d = json.loads(js.read_text())
+    assert "partial" not in d["metadata"] and "goals" in d
+    df = pd.DataFrame(d["rows"])
+    tri = df[df.impl == "triton"]
+    assert sorted(tri.kv) == [96, 160] and (tri.rel_err < 2e-2).all()
+    assert (df.impl == "sdpa_mask").any() and df.impl.str.startswith("kv_move").any()  # the run went past the grid
