@@ -357,17 +357,20 @@ def main(argv: list[str] | None = None) -> None:
     bw = copy_bandwidth(device)
     print(f"device-to-device copy: {bw / 1e12:.3f} TB/s (read + write)", flush=True)
     rows = []
-    for name in args.models.split(","):
-        rows += bench_steps(args, name, device, dtype, bw)
-    df = pd.DataFrame(rows)
+    models = args.models.split(",")
     meta = run_metadata(args.device)
     meta.update(copy_bandwidth_Bps=bw, dtype=str(dtype).replace("torch.", ""), weights="random",
                 attention=args.attention)  # fmt: skip
     stem = f"bench_step_kernels-{meta['date'][:10]}"
     out = Path(args.out)
-    clean = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in rows]  # NaN -> null
-    atomic_write_text(out / f"{stem}.json", json.dumps({"meta": meta, "rows": clean}, indent=1) + "\n")
-    atomic_write_text(out / f"{stem}.csv", df.to_csv(index=False))
+    for i, name in enumerate(models):
+        rows += bench_steps(args, name, device, dtype, bw)
+        # Written after every model: a run cut short by a device time limit keeps the models it finished.
+        part = {"partial": f"{i + 1} of {len(models)} models"} if i + 1 < len(models) else {}
+        clean = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in rows]  # NaN -> null
+        atomic_write_text(out / f"{stem}.json", json.dumps({"meta": {**meta, **part}, "rows": clean}, indent=1) + "\n")
+        atomic_write_text(out / f"{stem}.csv", pd.DataFrame(rows).to_csv(index=False))
+    df = pd.DataFrame(rows)
 
     fmt = {"display.width": 200, "display.max_columns": 30, "display.float_format": "{:.3f}".format}
     steps = df[df["kind"] == "step"]
