@@ -17,8 +17,8 @@ Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens, and tree
 (log-softmax + top-8 over the Llama-3 and Qwen2 vocabularies, 1/8/64 rows of float32 logits,
 `swiftspec.kernels.topk` vs the torch ops `DraftTree.grow` runs). `--fit-sweep` instead
 measures every grid shape (and 1 query) at num_splits 1..64 with combine "separate", the data
-`fit_split_model.py` fits `SEPARATE_COST` to. `--tile-sweep` measures BLOCK_M x BLOCK_N x warps x
-stages x num_splits on the many-row shapes (kernels_tiles_<date>.csv).
+`fit_split_model.py` fits `SEPARATE_COST` to. `--tile-sweep` measures BLOCK_M (64, 128, 256) x BLOCK_N x
+warps x stages x num_splits on the many-row shapes (kernels_tiles_<date>.csv).
 
 Timing: each measured call is captured in a CUDA graph, once per buffer set; the graph rotates
 over enough K/V (or cache-slot) sets to touch > 2× the 60 MB L2 per replay, so the L2 does not
@@ -271,8 +271,11 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
 # Tile sweep: which (BLOCK_M, BLOCK_N, warps, stages, splits) the many-row shapes want. Rows per KV
 # head = queries x group: 256 for 64 queries of 32/8 heads, where the kernel is compute-bound at long
 # KV and BLOCK_M 64 feeds each K/V tile to only a quarter of the rows.
+# BLOCK_M 256 (16 warps: four 64-row wgmma warpgroups) reads each K/V block once per split for 64
+# queries of 32/8 heads, where BLOCK_M 128 reads it twice (added after the 2026-12-03 sweeps).
 TILE_GRID = ([(64, bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
-             + [(128, bn, 8, st) for bn in (32, 64, 128) for st in (2, 3, 4)])
+             + [(128, bn, 8, st) for bn in (32, 64, 128) for st in (2, 3, 4)]
+             + [(256, bn, 16, st) for bn in (32, 64) for st in (2, 3)])
 TILE_SHAPES = [(16384, 64, (32, 8, 128)), (1024, 64, (32, 8, 128)), (4096, 64, (32, 8, 128)),
                (16384, 128, (32, 8, 128)), (1024, 128, (32, 8, 128)), (16384, 16, (32, 8, 128)),
                (16384, 64, (8, 1, 128)), (1024, 64, (8, 1, 128)), (16384, 128, (8, 1, 128))]

@@ -116,9 +116,11 @@ def test_many_queries_and_int_prefix():
              prefix_as_tensor=False)
 
 
-@pytest.mark.parametrize("block_m,block_n,num_warps,num_stages", [(128, 32, 8, 3), (128, 128, 8, 2), (64, 128, 4, 4)])
+@pytest.mark.parametrize("block_m,block_n,num_warps,num_stages",
+                         [(128, 32, 8, 3), (128, 128, 8, 2), (64, 128, 4, 4), (256, 64, 16, 2)])
 def test_tile_overrides_match_reference(block_m, block_n, num_warps, num_stages):
-    """The tiles the tile sweep tries (BLOCK_M 128: 160 rows = two row tiles, the second half empty)."""
+    """The tiles the tile sweep tries (160 rows: BLOCK_M 128 = two row tiles, the second mostly
+    empty; BLOCK_M 256 = one tile, 96 padding rows)."""
     gen = torch.Generator().manual_seed(block_m + block_n + num_stages)
     t, hq, hkv = 40, 8, 2
     run_case(t, hq, hkv, 64, 400, 300, tree_case("verify", t, t, gen), torch.bfloat16, 3, gen,
@@ -412,7 +414,8 @@ def test_gpu_shapes(t, hq, hkv, d, max_len, prefix, kind, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("block_m,block_n,num_warps,num_stages", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 8, 2)])
+@pytest.mark.parametrize("block_m,block_n,num_warps,num_stages",
+                         [(128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 8, 2), (256, 64, 16, 2)])
 @pytest.mark.parametrize("t,hq,hkv,prefix", [(64, 32, 8, 16000), (128, 8, 1, 900), (16, 32, 8, 5000)])
 def test_gpu_tiles(t, hq, hkv, prefix, block_m, block_n, num_warps, num_stages):
     gen = torch.Generator().manual_seed(t + block_m + block_n)
