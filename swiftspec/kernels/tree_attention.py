@@ -210,23 +210,11 @@ def _tree_attn_kernel(
         k = tl.load(k_base + cols[None, :] * stride_kn)
         if DOT_F32:
             k = k.to(tl.float32)
-        if IEEE:
-            s = tl.dot(q, k, input_precision="ieee")
-        else:
-            s = tl.dot(q, k)
-        # Scale folded into the max (exact: scale > 0) and into one FMA with the subtraction.
-        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s * scale_log2 - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _online_softmax(_dot(q, k, IEEE), m_i, l_i, scale_log2)
         v = tl.load(v_base + cols[:, None] * stride_vn)
         if DOT_F32:
             v = v.to(tl.float32)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
 
     # Blocks touching the prefix end or the tree region: prefix keys unconditionally, tree keys by bit.
     for start in range(end_full, hi, BLOCK_N):
@@ -243,23 +231,12 @@ def _tree_attn_kernel(
         k = tl.load(k_base + cols[None, :] * stride_kn, mask=col_ok[None, :], other=0.0)
         if DOT_F32:
             k = k.to(tl.float32)
-        if IEEE:
-            s = tl.dot(q, k, input_precision="ieee")
-        else:
-            s = tl.dot(q, k)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s * scale_log2 - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s = tl.where(allowed, _dot(q, k, IEEE), float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
         v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None], other=0.0)
         if DOT_F32:
             v = v.to(tl.float32)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
 
     if not SPLIT:
         _store_out(OUT, acc, l_i, t_of_row, head_of_row, offs_d, row_ok, stride_ot, stride_oh)
@@ -299,6 +276,28 @@ def _tree_attn_kernel(
                     # Every active split has arrived: nobody touches the counter again in this
                     # launch, so zero it for the next call / graph replay.
                     tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b with float32 accumulation; IEEE: exact float32 products (not TF32)."""
+    if IEEE:
+        r = tl.dot(a, b, input_precision="ieee")
+    else:
+        r = tl.dot(a, b)
+    return r
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, scale_log2):
+    """One key block of the online softmax: raw scores s (BLOCK_M, BLOCK_N) -> unnormalised
+    probabilities p, the factor alpha that rescales the running sum and accumulator, the new
+    running max and sum (log2 units). The scale is folded into the max (exact: scale > 0) and
+    into one FMA with the subtraction."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * scale_log2 - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit
