@@ -1,0 +1,115 @@
+"""Compile tree attention for a GPU on any machine (no GPU needed) and read what it will cost:
+shared memory, registers, spills.
+
+Triton compiles for a named target with its bundled ptxas, so a CPU-only machine can check a tile
+before any device time is spent on it. The JIT specializes integer arguments divisible by 16 and
+16-byte-aligned pointers (`tt.divisibility`), and that specialization is what lets the pipeliner
+turn the K/V loads into asynchronous copies with multi-buffered shared memory; so the check
+declares it for the pointers, strides and max_len, as a real launch at D 128 gets it. With it the
+shared-memory numbers equal those the lent H200 (Triton 3.6) reported when it refused two tiles
+(BLOCK_M 64 x BLOCK_N 128 x 3 stages at D 128: 278528 bytes; BLOCK_M 128 x BLOCK_N 128 x 3 stages at
+D 64: 245760 bytes). Without it they are 2.4x lower and meaningless.
+
+Under TRITON_INTERPRET=1 (the CPU test runs) `@triton.jit` functions are interpreted and cannot
+be compiled, so `tree_attention_reports` then compiles in one child process without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import triton
+
+from swiftspec.kernels.tree_attention import TreeAttentionConfig, _tree_attn_kernel
+
+# Hopper's per-block shared memory limit (what Triton compares against: 227 KiB).
+SM90_SHARED_LIMIT = 232448
+
+_POINTERS = ("Q", "K", "V", "PREFIX", "MASKW", "OUT", "PART_ML", "PART_ACC", "COUNTERS")
+_DIVISIBLE = (*_POINTERS, "MAX_LEN", "stride_qt", "stride_qh", "stride_kh", "stride_kn", "stride_vh", "stride_vn",
+              "stride_ot", "stride_oh")
+_INTS = ("T", "N", "MAX_LEN", "NUM_SPLITS", "stride_qt", "stride_qh", "stride_kh", "stride_kn", "stride_vh",
+         "stride_vn", "stride_mt", "stride_ot", "stride_oh")
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What one compiled kernel needs per program: shared memory (bytes), registers per thread,
+    spill stack (bytes per thread); `fits` = shared memory within the target's limit."""
+
+    shared_bytes: int
+    registers: int
+    spill_bytes: int
+    fits: bool
+
+
+def _ptxas_dir() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def available() -> bool:
+    """Whether this Triton can compile for NVIDIA targets here (its bundled ptxas and cuobjdump)."""
+    return all(os.path.exists(os.path.join(_ptxas_dir(), t)) for t in ("ptxas", "cuobjdump"))
+
+
+def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]], dtype: str = "bf16",
+                           capability: int = 90) -> list[CompileReport]:
+    """Compile `_tree_attn_kernel` once per (cfg, head_dim, group) for sm_<capability> (split-KV
+    partials when cfg.num_splits > 1, separate combine) and report each one's resources.
+    dtype: "bf16", "fp16" or "fp32" (Triton type names)."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return [_report(cfg, d, g, dtype, capability) for cfg, d, g in items]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    job = {"dtype": dtype, "capability": capability, "items": [[dataclasses.asdict(c), d, g] for c, d, g in items]}
+    done = subprocess.run([sys.executable, "-m", "swiftspec.kernels.compile_check"], input=json.dumps(job), env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"compile_check child failed: {done.stderr[-1000:]}")
+    return [CompileReport(**r) for r in json.loads(done.stdout)]
+
+
+@functools.lru_cache(maxsize=256)
+def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, capability: int) -> CompileReport:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(_tree_attn_kernel.fn).parameters)
+    ptr_types = {n: "*fp32" if n.startswith("PART_") else "*i32" if n in ("PREFIX", "MASKW", "COUNTERS") else f"*{dtype}"
+                 for n in _POINTERS}
+    constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                  "SPLIT": cfg.num_splits > 1, "IEEE": dtype == "fp32", "DOT_F32": False, "IN_KERNEL_COMBINE": False,
+                  "SPLITS_P2": 1, "PDL": False}
+    signature = {**ptr_types, "scale_log2": "fp32", **dict.fromkeys(_INTS, "i32"),
+                 **dict.fromkeys(constexprs, "constexpr")}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in _DIVISIBLE}
+    kernel = triton.compile(
+        ASTSource(fn=_tree_attn_kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+        target=GPUTarget("cuda", capability, 32), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+    )
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([os.path.join(_ptxas_dir(), "cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    if m is None:
+        raise RuntimeError(f"cuobjdump gave no resource line: {usage[-300:]}")
+    shared = int(kernel.metadata.shared)
+    return CompileReport(shared, int(m.group(1)), int(m.group(2)), shared <= SM90_SHARED_LIMIT)
+
+
+if __name__ == "__main__":  # the child of tree_attention_reports under TRITON_INTERPRET=1
+    job = json.load(sys.stdin)
+    reports = tree_attention_reports([(TreeAttentionConfig(**c), d, g) for c, d, g in job["items"]], job["dtype"],
+                                     job["capability"])
+    print(json.dumps([dataclasses.asdict(r) for r in reports]))

@@ -1,0 +1,48 @@
+"""Tree attention compiled for sm_90 on the CPU (Triton's bundled ptxas, no GPU): the check
+reproduces the two shared-memory refusals the H200 gave, and every launch shape `choose_config`
+picks for the bundled models fits Hopper's shared memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from swiftspec.kernels import compile_check
+from swiftspec.kernels.tree_attention import TreeAttentionConfig, choose_config
+from swiftspec.spec import ModelSpec, bundled_models
+
+pytestmark = pytest.mark.skipif(not compile_check.available(), reason="this Triton has no NVIDIA ptxas")
+
+
+def test_reproduces_the_h200_refusals():
+    a, b, c = compile_check.tree_attention_reports([
+        # pytest -m gpu, 2026-12-03: "Required: 278528, Hardware limit: 232448"
+        (TreeAttentionConfig(64, 128, 4, num_warps=8, num_stages=3), 128, 4),
+        # bench_step_kernels-2026-12-03k, Llama-3.2-1B (D 64) with BLOCK_M 128: "Required: 245760"
+        (TreeAttentionConfig(128, 128, 4, num_warps=8, num_stages=3), 64, 4),
+        # a tile the H200 ran: BLOCK_M 128 x BLOCK_N 64 x 3 stages at D 128
+        (TreeAttentionConfig(128, 64, 8, num_warps=8, num_stages=3), 128, 4),
+    ])
+    assert a.shared_bytes == 278528 and not a.fits
+    assert b.shared_bytes == 245760 and not b.fits
+    assert c.fits and c.spill_bytes == 0
+
+
+def test_every_default_launch_shape_fits_sm90():
+    """Bundled models x TP 1-8 shards x 1-256 queries x kv 512-16384, bf16: every distinct tile
+    choose_config picks compiles for sm_90 within its shared memory (GROUP only changes index
+    arithmetic, so one group per tile)."""
+    tiles = set()
+    for name in bundled_models():
+        spec = ModelSpec.from_config(name)
+        group = spec.num_heads // spec.num_kv_heads
+        for tp in (1, 2, 4, 8):
+            hkv = max(1, spec.num_kv_heads // tp)
+            for t in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+                for kv in (512, 2048, 8192, 16384):
+                    c = choose_config(t, hkv * group, hkv, spec.head_dim, kv, 2)
+                    tiles.add((c.block_m, c.block_n, c.num_warps, c.num_stages, c.num_splits > 1, spec.head_dim))
+    assert len(tiles) >= 8
+    items = [(TreeAttentionConfig(bm, bn, 2 if split else 1, num_warps=warps, num_stages=stages), d, 4)
+             for bm, bn, warps, stages, split, d in sorted(tiles)]
+    for item, r in zip(items, compile_check.tree_attention_reports(items), strict=True):
+        assert r.fits, (item, r)
