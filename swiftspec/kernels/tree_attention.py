@@ -541,10 +541,10 @@ def choose_config(
             by_keys = triton.cdiv(max_len, bn)
             by_bytes = max(1, (max_len * elem_bytes) // max(rows, 1))
             num_splits = max(1, min(by_sms, by_keys, by_bytes, _MAX_SPLITS))
-    # ptxas for sm_90 (triton 3.9): BLOCK_M 64 with 4 warps spills (255 regs + 272 B stack); with
-    # 8 warps it does not and uses wgmma (HGMMA). BLOCK_M <= 32 fits 4 warps (mma.sync, no spill).
-    # BLOCK_M 64: 8 warps under the earlier tiles (ptxas: 4 warps spill 272 B); the tile sweeps
-    # measured 4 warps 10-40 % faster at every shape all the same, so the wide-tile rule takes 4.
+    # BLOCK_M 64 took 8 warps under the earlier tiles: a compile without the JIT's divisibility
+    # specialization showed 4 warps spilling 272 B. Compiled as launched (`compile_check`) neither
+    # spills at D 128, and the tile sweeps measured 4 warps 10-40 % faster at every shape, so the
+    # wide-tile rule takes 4. BLOCK_M <= 32: 4 warps (mma.sync); BLOCK_M 128: 8 (two wgmma groups).
     num_warps = num_warps or (8 if bm >= 128 or (bm == 64 and not wide_tiles) else 4)
     if num_stages is None:
         # A third pipeline stage pays off once a program walks many key blocks (H200 sweep,
