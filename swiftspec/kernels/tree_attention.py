@@ -53,7 +53,7 @@ Tile sizes: BLOCK_N = 64 keys for D = 128 (K and V tiles 16 KB each in bf16), 12
 32 for float32 inputs (a correctness path: IEEE dots spill registers even so);
 BLOCK_M = 16..64 rows by the row count below 64 rows, 128 from 64 rows on at D 128 (measured by
 `bench_kernels.py --tile-sweep`); num_warps 4 (8 at BLOCK_M 128: two 64-row wgmma warpgroups; 8 also
-at BLOCK_M 64 outside that rule, D != 128 or float32, where 4 warps spill registers), num_stages 2
+at BLOCK_M 64 outside that rule, D != 128 or float32, as before the sweeps), num_stages 2
 (3 when a split walks >= 8 key blocks). Heuristic, not autotuned: autotuning inside CUDA-graph
 capture is slow and picks per-shape configs the graph cannot change.
 """
