@@ -462,8 +462,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the tile sweep: BLOCK_M x BLOCK_N x warps x stages x num_splits on the many-row "
                          "shapes (kernels_tiles_<date>.csv)")
     ap.add_argument("--tile-shapes", default=None,
-                    help="tile sweep shapes instead of the built-in nine, as kv:queries:hq/hkv, comma-separated "
-                         "(e.g. 1024:32:32/8,16384:64:8/1; head dim 128)")
+                    help="tile sweep shapes instead of the built-in nine, as kv:queries:hq/hkv[:head_dim], "
+                         "comma-separated (e.g. 1024:32:32/8,16384:64:8/1,1024:64:32/8:64; head dim 128 by default)")
     ap.add_argument("--tiles", default=None,
                     help="tile sweep tiles instead of the built-in 21, as block_m/block_n/warps/stages, comma-separated "
                          "(e.g. 64/64/4/3,128/64/8/3)")
@@ -505,11 +505,15 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [(160, 8, (4, 2, 64))] if args.quick else TILE_SHAPES
         if args.tile_shapes:
             try:
-                shapes = [(int(kv), int(t), (*map(int, h.split("/")), 128))
-                          for kv, t, h in (x.split(":") for x in args.tile_shapes.split(","))]
-            except ValueError:
-                print(f"error: --tile-shapes {args.tile_shapes!r}: want kv:queries:hq/hkv,... e.g. 1024:32:32/8",
-                      file=sys.stderr)
+                shapes = []
+                for x in args.tile_shapes.split(","):
+                    kv, t, h, *d = x.split(":")
+                    hq, hkv = map(int, h.split("/"))
+                    shapes.append((int(kv), int(t), (hq, hkv, int(d[0]) if d else 128)))
+                    assert len(d) <= 1
+            except (ValueError, AssertionError):
+                print(f"error: --tile-shapes {args.tile_shapes!r}: want kv:queries:hq/hkv[:head_dim],... "
+                      "e.g. 1024:32:32/8 or 1024:64:32/8:64", file=sys.stderr)
                 return 2
         tiles = [(16, 32, 4, 2), (32, 64, 4, 2)] if args.quick else TILE_GRID
         if args.tiles:
@@ -530,8 +534,8 @@ def main(argv: list[str] | None = None) -> int:
             df = pd.DataFrame(rows)
             write_rows(stem, df, {**run_metadata(device), "copy_bandwidth_Bps": bw,
                                   "elapsed_s": time.perf_counter() - t_start, "shapes_done": len(df.groupby(
-                                      ["heads", "kv", "queries"])), "shapes": len(shapes)})
-        key = ["heads", "kv", "queries"]
+                                      ["heads", "head_dim", "kv", "queries"])), "shapes": len(shapes)})
+        key = ["heads", "head_dim", "kv", "queries"]
         ok = df.dropna(subset=["us"])
         best = ok.loc[ok.groupby(key).us.idxmin()].set_index(key)
         dflt = ok[ok.apply(lambda r: r["default"] == f"{r.block_m}/{r.block_n}/{r.num_warps}/{r.num_stages}"
