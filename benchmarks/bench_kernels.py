@@ -269,9 +269,9 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
 
 
 # Tile sweep: which (BLOCK_M, BLOCK_N, warps, stages, splits) the many-row shapes want. Rows per KV
-# head = queries x group: 256 for 64 queries of 32/8 heads, where the kernel is compute-bound at long
-# KV and BLOCK_M 64 feeds each K/V tile to only a quarter of the rows.
-# BLOCK_M 256 (16 warps: four 64-row wgmma warpgroups) reads each K/V block once per split for 64
+# head = queries x group: 256 for 64 queries of 32/8 heads. The first sweeps (kernels_tiles_2026-12-03
+# and -03b) made BLOCK_M 128 the default from 64 rows on: a key block costs a 128-row tile about what
+# it costs a 64-row one, so fewer row tiles leave each split more keys. BLOCK_M 256 (16 warps: four 64-row wgmma warpgroups) reads each K/V block once per split for 64
 # queries of 32/8 heads, where BLOCK_M 128 reads it twice (added after the 2026-12-03 sweeps).
 TILE_GRID = ([(64, bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
              + [(128, bn, 8, st) for bn in (32, 64, 128) for st in (2, 3, 4)]
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="tile sweep shapes instead of the built-in nine, as kv:queries:hq/hkv[:head_dim], "
                          "comma-separated (e.g. 1024:32:32/8,16384:64:8/1,1024:64:32/8:64; head dim 128 by default)")
     ap.add_argument("--tiles", default=None,
-                    help="tile sweep tiles instead of the built-in 21, as block_m/block_n/warps/stages, comma-separated "
+                    help="tile sweep tiles instead of the built-in grid (TILE_GRID), as block_m/block_n/warps/stages, comma-separated "
                          "(e.g. 64/64/4/3,128/64/8/3)")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
