@@ -282,6 +282,34 @@ TILE_SHAPES = [(16384, 64, (32, 8, 128)), (1024, 64, (32, 8, 128)), (4096, 64, (
 TILE_SPLITS = (1, 2, 4, 8, 16, 32)
 
 
+def parse_tile_shapes(text: str) -> list[tuple[int, int, tuple[int, int, int]]]:
+    """"kv:queries:hq/hkv[:head_dim],..." -> [(kv, queries, (hq, hkv, head_dim))]; head dim 128 by default."""
+    shapes = []
+    for x in text.split(","):
+        parts = x.split(":")
+        try:
+            if len(parts) not in (3, 4):
+                raise ValueError
+            hq, hkv = map(int, parts[2].split("/"))
+            shapes.append((int(parts[0]), int(parts[1]), (hq, hkv, int(parts[3]) if len(parts) == 4 else 128)))
+        except ValueError:
+            raise ValueError(f"--tile-shapes {x!r}: want kv:queries:hq/hkv[:head_dim], e.g. 1024:32:32/8 or "
+                             "1024:64:32/8:64") from None
+    return shapes
+
+
+def parse_tiles(text: str) -> list[tuple[int, int, int, int]]:
+    """"block_m/block_n/warps/stages,..." -> [(block_m, block_n, warps, stages)]."""
+    tiles = []
+    for x in text.split(","):
+        try:
+            bm, bn, warps, stages = map(int, x.split("/"))
+        except ValueError:
+            raise ValueError(f"--tiles {x!r}: want block_m/block_n/warps/stages, e.g. 128/64/8/3") from None
+        tiles.append((bm, bn, warps, stages))
+    return tiles
+
+
 def bench_attention_tiles(kv, t, hq, hkv, d, dtype, device, bw, gen, tiles=TILE_GRID, splits=TILE_SPLITS):
     """One row per (tile, num_splits) that compiles and fits: µs per call, relative error.
 
@@ -468,6 +496,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="tile sweep tiles instead of the built-in grid (TILE_GRID), as block_m/block_n/warps/stages, comma-separated "
                          "(e.g. 64/64/4/3,128/64/8/3)")
     args = ap.parse_args(argv)
+    try:
+        tile_shapes = parse_tile_shapes(args.tile_shapes) if args.tile_shapes else None
+        tile_list = parse_tiles(args.tiles) if args.tiles else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         print("error: no GPU; run with TRITON_INTERPRET=1 --quick for a CPU smoke run", file=sys.stderr)
@@ -502,28 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {stem}.json and .csv")
         return 0
     if args.tile_sweep:
-        shapes = [(160, 8, (4, 2, 64))] if args.quick else TILE_SHAPES
-        if args.tile_shapes:
-            try:
-                shapes = []
-                for x in args.tile_shapes.split(","):
-                    kv, t, h, *d = x.split(":")
-                    hq, hkv = map(int, h.split("/"))
-                    shapes.append((int(kv), int(t), (hq, hkv, int(d[0]) if d else 128)))
-                    assert len(d) <= 1
-            except (ValueError, AssertionError):
-                print(f"error: --tile-shapes {args.tile_shapes!r}: want kv:queries:hq/hkv[:head_dim],... "
-                      "e.g. 1024:32:32/8 or 1024:64:32/8:64", file=sys.stderr)
-                return 2
-        tiles = [(16, 32, 4, 2), (32, 64, 4, 2)] if args.quick else TILE_GRID
-        if args.tiles:
-            try:
-                tiles = [tuple(int(v) for v in x.split("/")) for x in args.tiles.split(",")]
-                assert all(len(x) == 4 for x in tiles)
-            except (ValueError, AssertionError):
-                print(f"error: --tiles {args.tiles!r}: want block_m/block_n/warps/stages,... e.g. 128/64/8/3",
-                      file=sys.stderr)
-                return 2
+        shapes = tile_shapes or ([(160, 8, (4, 2, 64))] if args.quick else TILE_SHAPES)
+        tiles = tile_list or ([(16, 32, 4, 2), (32, 64, 4, 2)] if args.quick else TILE_GRID)
         stem = Path(args.out) / f"kernels_tiles_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
         for kv, t, (hq, hkv, d) in tqdm(shapes, desc="tile sweep (shapes)"):
             rows += bench_attention_tiles(kv, t, hq, hkv, d, dtype, device, bw, gen, tiles=tiles,

@@ -15,10 +15,14 @@ import pandas as pd
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernels.py"
 
 
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    """bench_kernels.py --quick with `args`, interpreted Triton, in a child process."""
+    return subprocess.run([sys.executable, str(BENCH), "--quick", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+
+
 def test_tile_sweep_quick(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--tile-sweep", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = run_bench("--tile-sweep", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     (csv,) = tmp_path.glob("kernels_tiles_*_quick.csv")
     df = pd.read_csv(csv)
@@ -30,9 +34,7 @@ def test_tile_sweep_quick(tmp_path):
 
 
 def test_grid_quick_final_file_replaces_the_partial_ones(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--no-sweep", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = run_bench("--no-sweep", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     (js,) = tmp_path.glob("kernels_*_quick.json")
     d = json.loads(js.read_text())
@@ -41,3 +43,10 @@ def test_grid_quick_final_file_replaces_the_partial_ones(tmp_path):
     tri = df[df.impl == "triton"]
     assert sorted(tri.kv) == [96, 160] and (tri.rel_err < 2e-2).all()
     assert (df.impl == "sdpa_mask").any() and df.impl.str.startswith("kv_move").any()  # the run went past the grid
+
+
+def test_bad_tile_arguments_are_one_line_exit_2(tmp_path):
+    for bad in (["--tiles", "128/64/8"], ["--tile-shapes", "1024:32"], ["--tile-shapes", "1024:32:32/8:64:1"]):
+        proc = run_bench("--tile-sweep", *bad, "--out", str(tmp_path))
+        assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
