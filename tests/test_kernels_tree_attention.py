@@ -277,9 +277,10 @@ def test_bad_combine_mode():
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SWEEP_CSV = RESULTS / "kernels_2026-12-02.csv"  # in-kernel combine era: grid + a 5-shape sweep
 FIT_CSV = RESULTS / "kernels_fit_2026-12-03.csv"  # combine "separate": 30 shapes x num_splits 1..64
-# BLOCK_M x BLOCK_N x warps x stages x splits: 21 tiles on 6 shapes of 256-512 rows (the first), 6
-# tiles on 8 shapes of 64-1024 rows (b)
-TILES_CSVS = [RESULTS / "kernels_tiles_2026-12-03.csv", RESULTS / "kernels_tiles_2026-12-03b.csv"]
+# BLOCK_M x BLOCK_N x warps x stages x splits (H200, bf16): 21 tiles on 6 shapes of 256-512 rows (the
+# first), 6 tiles on 8 shapes of 64-1024 rows (b), decode (c), D 64 (d: 64-512 rows, f: 4-64, h: kv
+# 4096), BLOCK_M 256 against 128 (e), 16-32 rows (g), BLOCK_M 16 against 64/128 at short KV (i)
+TILES_CSVS = [RESULTS / f"kernels_tiles_2026-12-03{s}.csv" for s in ("", "b", "c", "d", "e", "f", "g", "h", "i")]
 
 
 def test_choose_config_rules():
@@ -294,14 +295,33 @@ def test_choose_config_rules():
     c = choose_config(64, 32, 8, 128, 16384, 2, 132, max_block_m=64)  # the earlier tiles
     assert (c.block_m, c.num_splits) == (64, 4)
     assert choose_config(128, 32, 8, 128, 16384, 2, 132).num_splits == 4  # 512 rows: 4 (85.3 µs; 8: 93.9)
-    c = choose_config(16, 32, 8, 128, 1024, 2, 132)  # 64 rows: BLOCK_M 128 (kernels_tiles_2026-12-03b)
+    c = choose_config(16, 32, 8, 128, 4096, 2, 132)  # 64 rows, 64 MiB of 16-row K/V reads: BLOCK_M 128
     assert (c.block_m, c.num_warps) == (128, 8)
-    c = choose_config(8, 32, 8, 128, 1024, 2, 132)  # 32 rows: unmeasured, the earlier BLOCK_M, 4 warps
-    assert (c.block_m, c.num_warps) == (32, 4)
-    assert choose_config(12, 32, 8, 128, 1024, 2, 132).num_warps == 4  # 48 rows: BLOCK_M 64, 4 warps
-    assert choose_config(12, 32, 8, 128, 1024, 2, 132, max_block_m=64).num_warps == 8  # earlier tiles
-    # D 64 (Llama-3.2-1B): BLOCK_M 128 was slower there and out of shared memory at 3 stages
+    # ...16 MiB: BLOCK_M 16 (kernels_tiles_2026-12-03i: 32/8 kv 1024 q16 10.2 µs, BLOCK_M 128 11.9;
+    # 8/1 kv 1024 q64 9.8, BLOCK_M 128 12.4), with the sweeps' best split counts
+    c = choose_config(16, 32, 8, 128, 1024, 2, 132)
+    assert (c.block_m, c.num_warps, c.num_splits, c.num_stages) == (16, 4, 8, 2)
+    c = choose_config(64, 8, 1, 128, 1024, 2, 132)
+    assert (c.block_m, c.num_splits) == (16, 8)
+    assert choose_config(128, 8, 1, 128, 1024, 2, 132).block_m == 128  # 32 MiB: a tie, the wider tile
+    assert choose_config(64, 8, 1, 128, 4096, 2, 132).block_m == 128  # 64 MiB: 15.7 µs, BLOCK_M 16 18.1
+    c = choose_config(8, 32, 8, 128, 16384, 2, 132)  # <= 32 rows: BLOCK_M 16 at any KV (33.0 µs; BLOCK_M 32 34.3)
+    assert (c.block_m, c.num_warps) == (16, 4)
+    # ...and 2 stages with 512 programs (kernels_2026-12-03e: 3 stages 38.8 µs), 3 with 192
+    assert (c.num_splits, c.num_stages) == (32, 2)
+    assert choose_config(1, 32, 8, 128, 16384, 2, 132).num_stages == 3
+    c = choose_config(12, 32, 8, 128, 1024, 2, 132, max_block_m=64)  # earlier tiles: 48 rows BLOCK_M 64, 8 warps
+    assert (c.block_m, c.num_warps) == (64, 8)
+    c = choose_config(12, 32, 8, 128, 16384, 2, 132)  # 48 rows, 96 MiB: BLOCK_M 64 with 4 warps
+    assert (c.block_m, c.num_warps) == (64, 4)
+    # D 64 (Llama-3.2-1B): BLOCK_M 128 was slower there; BLOCK_N 64 with 4 warps the D 64 sweep's best
+    # (kernels_tiles_2026-12-03d: kv 4096 q64 64/64/4/3 8 splits 17.7 µs); the earlier tiles on request
     c = choose_config(64, 32, 8, 64, 4096, 2, 132)
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == (64, 64, 4, 3)
+    c = choose_config(16, 32, 8, 64, 1024, 2, 132)  # kv 1024 q16: 64/64/4/2 7.8 µs (64/128/8/2: 11.3)
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == (64, 64, 4, 2)
+    assert choose_config(8, 32, 8, 64, 1024, 2, 132).block_m == 16  # 32 rows (7.2 µs; BLOCK_M 32 8.4)
+    c = choose_config(64, 32, 8, 64, 4096, 2, 132, max_block_m=64)
     assert (c.block_m, c.block_n, c.num_warps) == (64, 128, 8)
     assert choose_config(64, 32, 8, 128, 16384, 4, 132).block_m == 64  # float32 path unchanged
     assert choose_config(8, 8, 1, 128, 16384, 2, 132).num_splits == 64  # its merge is cheap: more splits
@@ -357,19 +377,52 @@ def test_split_model_reproduces_committed_sweep(combine):
 
 
 def test_default_tiles_are_near_the_tile_sweeps_best():
-    """On the committed tile sweep (H200, many-row shapes), the default config's measured time is
-    within 15 % of the best measured config of every shape, and from 64 rows on the best BLOCK_M 128
-    config beats (or, at one shape, ties within 1 %) the best BLOCK_M 64 one."""
+    """On the committed tile sweeps (H200, 37 shapes of 4-1024 rows, D 64 and 128), the default
+    config's measured time is within 15 % (D 128) or 20 % (D 64) of the best measured config of every
+    shape where the default was among the swept tiles (36 shapes), and the measurements behind the rule hold:
+    BLOCK_M 16 is the best (within 2 %) at <= 32 rows; from 64 rows on at D 128 the best BLOCK_M 128
+    config beats (or ties within 1 %) the best BLOCK_M 64 one; BLOCK_M 256 never wins."""
     df = pd.concat([pd.read_csv(p) for p in TILES_CSVS]).dropna(subset=["us"])
-    assert df.groupby(["heads", "kv", "queries"]).ngroups == 14
-    for (heads, kv, t), g in df.groupby(["heads", "kv", "queries"]):
+    checked = 0
+    for (d, heads, kv, t), g in df.groupby(["head_dim", "heads", "kv", "queries"]):
         hq, hkv = map(int, heads.split("/"))
-        c = choose_config(t, hq, hkv, 128, kv, 2, 132)
+        rows, best = t * hq // hkv, g.us.min()
+        c = choose_config(t, hq, hkv, d, kv, 2, 132)
         mine = g[(g.block_m == c.block_m) & (g.block_n == c.block_n) & (g.num_warps == c.num_warps)
                  & (g.num_stages == c.num_stages) & (g.num_splits == c.num_splits)].us
-        assert len(mine) == 1, (heads, kv, t, c)
-        assert float(mine.iloc[0]) <= 1.15 * g.us.min(), (heads, kv, t, c, float(mine.iloc[0]), g.us.min())
-        assert g[g.block_m == 128].us.min() <= 1.01 * g[g.block_m == 64].us.min()  # 32/8 kv 16384 q16: a tie
+        if len(mine):  # measured in one or more sweeps: their median
+            checked += 1
+            assert mine.median() <= (1.15 if d == 128 else 1.20) * best, (d, heads, kv, t, c, mine.median(), best)
+        if rows <= 32 and (g.block_m == 16).any():
+            assert g[g.block_m == 16].us.min() <= 1.02 * best, (d, heads, kv, t)
+        if d == 128 and rows >= 64 and {64, 128} <= set(g.block_m):
+            assert g[g.block_m == 128].us.min() <= 1.01 * g[g.block_m == 64].us.min()  # 32/8 kv 16384 q16: a tie
+        if (g.block_m == 256).any():
+            assert g[g.block_m == 128].us.min() < g[g.block_m == 256].us.min()
+    assert checked == 36
+
+
+def test_split_model_picks_for_sixteen_row_tiles():
+    """BLOCK_M 16 (`choose_config`: up to 32 rows, and above while its K/V reads are small):
+    `SEPARATE_COST`'s num_splits pick, among the measured counts of the sweeps of that tile (BLOCK_N
+    64, 2 stages; 22 shapes of 4-1024 rows, D 64 and 128), is within 10 % of the best; with the
+    fitted occupancy alone (no `ctas_per_sm_m16`, no HBM floor) it was up to 2.5x off."""
+    import dataclasses
+
+    df = pd.concat([pd.read_csv(p) for p in TILES_CSVS]).dropna(subset=["us"])
+    df = df[(df.block_m == 16) & (df.block_n == 64) & (df.num_stages == 2)]
+    fitted_only = dataclasses.replace(SEPARATE_COST, ctas_per_sm_m16=0.0, hbm_bytes_per_us=0.0)
+    worst = {}
+    for name, cost in (("default", SEPARATE_COST), ("fitted_only", fitted_only)):
+        ratios = []
+        for (d, heads, kv, t), g in df.groupby(["head_dim", "heads", "kv", "queries"]):
+            hq, hkv = map(int, heads.split("/"))
+            measured = g.groupby("num_splits").us.median()
+            pick = cost.best_splits(t * hq // hkv, hkv, d, kv, 16, 64, 132, candidates=tuple(int(s) for s in measured.index))
+            ratios.append(measured[pick] / measured.min())
+        worst[name] = max(ratios)
+        assert len(ratios) == 22
+    assert worst["default"] <= 1.10 and worst["fitted_only"] > 2.0, worst
 
 
 def test_fit_script_reproduces_the_separate_cost_model(tmp_path):

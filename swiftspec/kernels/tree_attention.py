@@ -75,6 +75,9 @@ from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
 # the same split heuristic the GPU would use.
 _DEFAULT_NUM_SMS = 132
 _MAX_SPLITS = 64
+# BLOCK_M 16 above 32 rows while its K/V reads (one per 16-row tile) stay below this: measured <= 16 MiB
+# wins, >= 32 MiB losses or ties (H200; `choose_config`)
+NARROW_TILE_MAX_BYTES = 24 << 20
 
 
 @triton.jit
@@ -424,6 +427,10 @@ class SplitCostModel:
       partial row at once (m = next_pow2(S) register tiles: what makes 64 splits slow at 128
       queries, where those tiles reach 32 KB per program).
 
+    * ctas_per_sm_m16 (0: ctas_per_sm_narrow): resident programs per SM at BLOCK_M 16, whose small
+      tiles fit several per SM; hbm_bytes_per_us (0: none): a floor, t >= fixed + the K/V bytes
+      (bf16) / bandwidth, which the wave term alone stops giving once more programs fit an SM.
+
     Defaults (`KERNEL_COST`): fitted (least squares on relative error, rms 5.7 %) to the 72 Triton
     rows of `benchmarks/results/kernels_2026-12-02.csv` (H200, bf16, D 128, BLOCK_N 64).
     """
@@ -438,6 +445,8 @@ class SplitCostModel:
     partial_bytes_per_us: float = 7.06e6
     combine_us: float = 0.0
     merge_over: str = "active"
+    ctas_per_sm_m16: float = 0.0
+    hbm_bytes_per_us: float = 0.0
 
     def time_us(self, num_splits: int, rows: int, hkv: int, d: int, max_len: int, block_m: int, block_n: int,
                 num_sms: int = _DEFAULT_NUM_SMS) -> float:
@@ -449,6 +458,8 @@ class SplitCostModel:
         active = triton.cdiv(blocks, per_split)
         block_us = (self.block_us_wide if wide else self.block_us_narrow) * block_n * d / (64 * 128)
         occupancy = self.ctas_per_sm_wide if wide else self.ctas_per_sm_narrow
+        if block_m == 16 and self.ctas_per_sm_m16:
+            occupancy = self.ctas_per_sm_m16
         waves = max(1.0, tiles * active / (num_sms * occupancy))
         split = num_splits > 1
         t = self.fixed_us + (block_us * per_split + split * self.split_program_us) * waves
@@ -456,6 +467,8 @@ class SplitCostModel:
             merged = active if self.merge_over == "active" else triton.next_power_of_2(num_splits)
             t += self.combine_us + self.merge_per_split_us * merged
             t += merged * rows * hkv * d * 8 / self.partial_bytes_per_us
+        if self.hbm_bytes_per_us:
+            t = max(t, self.fixed_us + max_len * hkv * d * 4 / self.hbm_bytes_per_us)
         return t
 
     def best_splits(self, rows: int, hkv: int, d: int, max_len: int, block_m: int, block_n: int,
@@ -479,6 +492,11 @@ SEPARATE_COST = SplitCostModel(
     fixed_us=6.163, block_us_wide=1.295, block_us_narrow=0.916, ctas_per_sm_wide=0.877, ctas_per_sm_narrow=1.029,
     split_program_us=1.659, merge_per_split_us=0.0, partial_bytes_per_us=1.985e6, combine_us=0.393,
     merge_over="launched",
+    # Set after that fit, for BLOCK_M 16 above 32 rows (`choose_config`): with the fitted 1.03 programs
+    # per SM the model under-split it (picks up to 2.5x slower than the best measured split count on
+    # the 16-row tile sweeps kernels_tiles_2026-12-03{f,g,i}); 3 per SM and the HBM floor (the H200's
+    # measured 4.2 TB/s copy bandwidth) pick within 10 % there and leave the fit's own picks as they were.
+    ctas_per_sm_m16=3.0, hbm_bytes_per_us=4.2e6,
 )
 SPLIT_COST = {"kernel": KERNEL_COST, "separate": SEPARATE_COST}
 COMBINE_MODES = ("separate", "kernel")
@@ -502,9 +520,12 @@ def choose_config(
 ) -> TreeAttentionConfig:
     """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
 
-    BLOCK_M: 16..64 (next power of two) below 64 rows, 128 from 64 rows on (bf16/fp16, D 128)
-    unless max_block_m < 128 or rule="legacy" (the earlier tiles, up to 64 rows with 8 warps, kept
-    for A/B runs).
+    BLOCK_M (bf16/fp16, D 64 and 128): 16 up to 32 rows (rows = T × group), and above while the
+    K/V reads of 16-row tiles stay <= `NARROW_TILE_MAX_BYTES` (D 128); otherwise 64, or 128 from
+    64 rows on at D 128. BLOCK_N: 64 (bf16/fp16), 32 (float32). BLOCK_M 16 and 64 run 4 warps, 128
+    runs 8. max_block_m < 128 or rule="legacy" keep the earlier tiles for A/B runs: BLOCK_M 16..64
+    (next power of two) with 8 warps at 64, BLOCK_N 128 at D 64. float32 and other head dims keep
+    those too.
     rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 with the
     model fitted to the measured H200 sweep of the combine mode (`SPLIT_COST[combine]`, or `cost`
     when given; see `SplitCostModel`). rule="legacy": the first heuristic, kept so the
@@ -516,12 +537,17 @@ def choose_config(
         raise ValueError(f"rule must be 'model' or 'legacy', got {rule!r}")
     rows = t * (hq // hkv)
     bm = block_m or min(64, max(16, triton.next_power_of_2(rows)))
+    # The tile family of the 2026-12-03 tile sweeps (bf16/fp16); max_block_m < 128 or rule="legacy"
+    # keep the earlier one for A/B runs.
+    new_tiles = rule == "model" and max_block_m >= 128 and elem_bytes <= 2
     # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles).
-    bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 else 128)
-    # Only where measured: D 128 (BLOCK_N 64). At D 64 (BLOCK_N 128: Llama-3.2-1B) BLOCK_M 128 made
-    # the 1B step 11-13 % slower at 16-128 tokens and ran out of shared memory at 3 stages
-    # (bench_step_kernels-2026-12-03k).
-    wide_tiles = rule == "model" and max_block_m >= 128 and elem_bytes <= 2 and d == 128 and bn == 64
+    # D 64 (Llama-3.2-1B) took BLOCK_N 128 in the earlier tiles; the D 64 sweep
+    # (kernels_tiles_2026-12-03d, 64-512 rows) measured BLOCK_N 64 with 4 warps 19-34 % faster
+    # than BLOCK_N 128 with 8 (kv 1024 q16 11.3 -> 7.8 µs, q64 14.6 -> 11.3, kv 4096 q64 26.7 -> 17.7).
+    bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 or (new_tiles and d == 64) else 128)
+    # BLOCK_M 128 only where measured: D 128. At D 64 it was 1.5-2x slower than BLOCK_M 64 in the D 64
+    # sweep and made the 1B step 11-13 % slower (bench_step_kernels-2026-12-03k).
+    wide_tiles = new_tiles and d == 128 and bn == 64
     if block_m is None and wide_tiles and rows >= 64:
         # Tile sweeps (kernels_tiles_2026-12-03{,b}, H200, 64-1024 rows): BLOCK_M 128 with 8 warps
         # (two 64-row wgmma warpgroups) beat every BLOCK_M 64 tile at 13 of 14 shapes (a tie at the
@@ -530,6 +556,19 @@ def choose_config(
         # latency-bound), so fewer row tiles leave the splits more keys each. E.g. 32/8 kv 16384
         # q64 89.0 -> 51.9 µs, kv 1024 q16 14.9 -> 12.9.
         bm = 128
+    if block_m is None and new_tiles and bn == 64 and d in (64, 128) and rows > 16:
+        # ...unless the K/V is small: then BLOCK_M 16 (mma.sync, 4 warps) wins, since its programs
+        # are shorter per key block and there are 8x more of them to fill the SMs, while the extra
+        # K/V reads (once per 16-row tile, mostly from L2) stay cheap. Sweeps
+        # kernels_tiles_2026-12-03{f,g,i} (D 64 and D 128, 4-1024 rows, kv 1024-16384): at <= 32 rows
+        # BLOCK_M 16 was the best or within 2 % of it at all 10 shapes (BLOCK_M 32 4-38 % slower);
+        # above, it won where these reads are <= 16 MiB (6 shapes) and lost or tied from 32 MiB (5;
+        # D 128: 8/1 kv 1024 q8 11.0 -> 7.3 µs, q64 12.4 -> 9.8, 32/8 kv 1024 q16 11.9 -> 10.2; 8/1
+        # kv 4096 q64, 64 MiB: 15.7 µs at BLOCK_M 128, 18.1 at 16). Above 32 rows at D 64 BLOCK_M 16
+        # is unmeasured but for one shape, where it lost (kv 16384 q16, 128 MiB).
+        narrow_bytes = triton.cdiv(rows, 16) * hkv * max_len * d * 2 * elem_bytes
+        if rows <= 32 or (d == 128 and narrow_bytes <= NARROW_TILE_MAX_BYTES):
+            bm = 16
     if num_splits is None:
         if rule == "model":
             if combine not in SPLIT_COST:
@@ -545,7 +584,8 @@ def choose_config(
     # specialization showed 4 warps spilling 272 B. Compiled as launched (`compile_check`) neither
     # spills at D 128, and the tile sweeps measured 4 warps 10-40 % faster at every shape, so the
     # wide-tile rule takes 4. BLOCK_M <= 32: 4 warps (mma.sync); BLOCK_M 128: 8 (two wgmma groups).
-    num_warps = num_warps or (8 if bm >= 128 or (bm == 64 and not wide_tiles) else 4)
+    four_warps_at_64 = new_tiles and bn == 64 and d in (64, 128)
+    num_warps = num_warps or (8 if bm >= 128 or (bm == 64 and not four_warps_at_64) else 4)
     if num_stages is None:
         # A third pipeline stage pays off once a program walks many key blocks (H200 sweep,
         # kernels_2026-12-02 second run: 32/8 kv 16384 q64, 4096 keys per split: 124 -> 94 µs;
@@ -553,6 +593,13 @@ def choose_config(
         # 128 keys per split: 18 -> 20 µs).
         keys_per_split = triton.cdiv(max_len, int(num_splits))
         num_stages = 3 if elem_bytes <= 2 and keys_per_split >= 8 * bn else 2
+        # ...unless 16-row programs fill the SMs several deep, where the third stage's shared memory
+        # costs residency (kernels_tiles_2026-12-03i, 32/8 kv 4096 q64: 512 programs 43.7 -> 55.2 µs
+        # with 3 stages, 128 programs 97.5 -> 59.3; grid kernels_2026-12-03e, 32/8 kv 16384 q8, 512
+        # programs: 38.8 µs with 3 stages, 33.0 with 2 in kernels_tiles_2026-12-03g).
+        programs = triton.cdiv(rows, bm) * hkv * int(num_splits)
+        if bm == 16 and new_tiles and programs > 2 * num_sms:
+            num_stages = 2
     return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps,
                                num_stages=num_stages)
 

@@ -1,0 +1,88 @@
+"""Merge a partial re-profile into a profile folder (e.g. the bundled h200-measured).
+
+    python benchmarks/merge_profile.py BASE NEW -o OUT [--host base|new]
+
+BASE and NEW are `swiftspec profile compute` folders (compute.csv, comm.csv, meta.json). Every model
+NEW measured replaces that model's rows in BASE, together with the BASE models that were copied from
+it (meta.json `aliases`, e.g. R1-Distill-Llama-8B from Llama-3-8B); NEW's host rows replace BASE's
+unless `--host base` (host rows come from a tiny stand-in model and vary run to run: keep the set
+that the validation ran with).
+comm.csv stays BASE's. meta.json stays BASE's, with NEW's `skipped`/`incomplete_tables` entries for
+the replaced models and one entry under `merged` (date, command, models) so the file says which rows
+are newer. Used after a kernel change that only some models' rows need (KERNELS.md, BENCHMARKS
+README "Re-profile"). OUT is written through a temporary folder: on error nothing is left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+
+def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFrame, dict]:
+    """(compute rows, meta) of BASE with NEW's models (and their BASE aliases) replaced, and its host
+    rows with NEW's when host="new" and NEW has some."""
+    if host not in ("base", "new"):
+        raise ValueError(f"host must be 'base' or 'new', got {host!r}")
+    for folder in (base, new):
+        for name in ("compute.csv", "meta.json"):
+            if not (folder / name).is_file():
+                raise ValueError(f"{folder / name} is missing: give two `swiftspec profile compute` folders")
+    b, n = pd.read_csv(base / "compute.csv"), pd.read_csv(new / "compute.csv")
+    mb, mn = json.loads((base / "meta.json").read_text()), json.loads((new / "meta.json").read_text())
+    if list(b.columns) != list(n.columns):
+        raise ValueError(f"column mismatch: {base} has {list(b.columns)}, {new} has {list(n.columns)}")
+    for key, default in (("gpu", None), ("dtype", None), ("weight_format", "native")):  # older folders: native
+        if mb.get(key, default) != mn.get(key, default):
+            raise ValueError(f"{key} differs: {base} {mb.get(key, default)!r}, {new} {mn.get(key, default)!r};"
+                             " merge only like with like")
+    models = sorted(set(n[n.op != "host"].model))
+    aliases = {a: src for a, src in (mb.get("aliases") or {}).items() if src in models}
+    copies = [n[n.model == src].assign(model=a) for a, src in aliases.items()]
+    replaced = set(models) | set(aliases)
+    new_host = host == "new" and bool((n.op == "host").any())
+    keep = b[~b.model.isin(replaced) & ~((b.op == "host") & new_host)]
+    rows = pd.concat([keep, n if new_host else n[n.op != "host"], *copies], ignore_index=True)
+    meta = dict(mb)
+    for key in ("skipped", "incomplete_tables"):  # entries such as "forward Llama-3-70B tp1", "Qwen2-72B tp1: needs ..."
+        meta[key] = [e for e in mb.get(key, []) if not replaced & set(e.replace(":", " ").split())] + list(mn.get(key, []))
+    meta["incomplete"] = bool(meta["incomplete_tables"])
+    meta["merged"] = list(mb.get("merged", [])) + [
+        {"date": mn.get("date"), "command": mn.get("command"), "models": sorted(replaced),
+         "host": new_host, "kernels": {k: mn.get(k) for k in ("attention", "fusion", "linear", "tree_growth")}}]
+    return rows, meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("base", type=Path, help="profile folder whose rows are kept (e.g. swiftspec/data/profiles/h200-measured)")
+    ap.add_argument("new", type=Path, help="profile folder of the re-profiled models")
+    ap.add_argument("-o", "--out", type=Path, required=True, help="output folder (may be BASE)")
+    ap.add_argument("--host", choices=["new", "base"], default="new", help="whose host rows to keep (default: NEW's)")
+    args = ap.parse_args(argv)
+    try:
+        rows, meta = merge_profiles(args.base, args.new, args.host)
+    except (ValueError, OSError, json.JSONDecodeError, pd.errors.ParserError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.out.parent) as tmp:
+        t = Path(tmp)
+        rows.to_csv(t / "compute.csv", index=False)
+        (t / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        if (args.base / "comm.csv").is_file():
+            shutil.copy(args.base / "comm.csv", t / "comm.csv")
+        args.out.mkdir(exist_ok=True)
+        for f in t.iterdir():
+            shutil.move(str(f), args.out / f.name)
+    print(f"merged {len(rows)} rows ({', '.join(meta['merged'][-1]['models'])} from {args.new}) into {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""benchmarks/merge_profile.py: a partial re-profile merged into the bundled H200 profile."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "merge_profile.py"
+BUNDLED = ROOT / "swiftspec" / "data" / "profiles" / "h200-measured"
+
+
+def run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def new_profile(tmp_path) -> Path:
+    """A re-profile of Llama-3-8B (rows of the bundled one at 0.9x) with its own host rows (2x)."""
+    base = pd.read_csv(BUNDLED / "compute.csv")
+    rows = base[(base.model == "Llama-3-8B") | (base.op == "host")].copy()
+    rows["ms"] = rows.ms * (rows.op == "host").map({True: 2.0, False: 0.9})
+    meta = json.loads((BUNDLED / "meta.json").read_text())
+    meta.update(date="2026-12-31T00:00:00+00:00", command="profile compute --models Llama-3-8B", aliases={},
+                skipped=[], incomplete_tables=[])
+    folder = tmp_path / "new"
+    folder.mkdir()
+    rows.to_csv(folder / "compute.csv", index=False)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+@pytest.mark.parametrize("host", ["new", "base"])
+def test_merge_replaces_the_model_its_aliases_and_host_rows(tmp_path, new_profile, host):
+    out = tmp_path / "out"
+    proc = run(BUNDLED, new_profile, "-o", out, "--host", host)
+    assert proc.returncode == 0, proc.stderr
+    base, merged = pd.read_csv(BUNDLED / "compute.csv"), pd.read_csv(out / "compute.csv")
+    assert len(merged) == len(base)
+    key = ["op", "model", "tp", "tokens", "kv_len"]
+    both = base.merge(merged, on=key, suffixes=("_base", "_merged"))
+    assert len(both) == len(base)  # the same points, no duplicates
+    ratio = (both.ms_merged / both.ms_base).round(6)
+    replaced = both.model.isin(["Llama-3-8B", "R1-Distill-Llama-8B"])  # and its alias
+    assert (ratio[replaced] == 0.9).all()
+    is_host = both.op == "host"
+    assert (ratio[is_host] == (2.0 if host == "new" else 1.0)).all()
+    assert (ratio[~replaced & ~is_host] == 1.0).all()
+    meta = json.loads((out / "meta.json").read_text())
+    entry = meta["merged"][-1]
+    assert entry["models"] == ["Llama-3-8B", "R1-Distill-Llama-8B"] and entry["host"] == (host == "new")
+    assert entry["command"] == "profile compute --models Llama-3-8B"
+    assert meta["aliases"] == json.loads((BUNDLED / "meta.json").read_text())["aliases"]
+    assert (out / "comm.csv").read_bytes() == (BUNDLED / "comm.csv").read_bytes()
+
+
+def test_merge_bad_input_is_one_line_and_writes_nothing(tmp_path, new_profile):
+    out = tmp_path / "out"
+    proc = run(tmp_path / "missing", new_profile, "-o", out)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+    meta = json.loads((new_profile / "meta.json").read_text())
+    meta["weight_format"] = "fp8"
+    (new_profile / "meta.json").write_text(json.dumps(meta))
+    proc = run(BUNDLED, new_profile, "-o", out)
+    assert proc.returncode == 2 and "weight_format differs" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not out.exists()
