@@ -492,8 +492,8 @@ SEPARATE_COST = SplitCostModel(
     fixed_us=6.163, block_us_wide=1.295, block_us_narrow=0.916, ctas_per_sm_wide=0.877, ctas_per_sm_narrow=1.029,
     split_program_us=1.659, merge_per_split_us=0.0, partial_bytes_per_us=1.985e6, combine_us=0.393,
     merge_over="launched",
-    # Set after that fit, for BLOCK_M 16 above 32 rows (`choose_config`): with the fitted 1.03 programs
-    # per SM the model under-split it (picks up to 2.5x slower than the best measured split count on
+    # Set after that fit, for BLOCK_M 16 (which `choose_config` now also takes at 17-32 rows and at
+    # short KV): with the fitted 1.03 programs per SM the model under-split it (picks up to 2.5x slower than the best measured split count on
     # the 16-row tile sweeps kernels_tiles_2026-12-03{f,g,i}); 3 per SM and the HBM floor (the H200's
     # measured 4.2 TB/s copy bandwidth) pick within 10 % there and leave the fit's own picks as they were.
     ctas_per_sm_m16=3.0, hbm_bytes_per_us=4.2e6,
