@@ -15,12 +15,13 @@ measured in the same run (the definition of benchmarks/bench_step.py). Also per 
 agreement with "off" (max relative error, argmax agreement) on the same inputs.
 `pred_ms` is the prediction written in benchmarks/KERNELS.md before the run. "gemm_only" rows: the
 step's GEMMs alone in one graph (the part no small-op fusion can remove), with `F.linear` (cuBLAS)
-and, for <= 16 tokens, the Triton skinny linear (`impl` column). Fusion "triton+gemv" is fusion
+and, for <= --gemm-gemv-rows tokens (16), the Triton skinny linear (`impl` column). Fusion "triton+gemv" is fusion
 "triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
 a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`),
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
 combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
-tiles of before the 2026-12-03 tile sweep (`max_block_m=64`); a "+fp8" suffix runs a second copy of
+tiles of before the 2026-12-03 tile sweep (`max_block_m=64`); a "+gemvN" suffix (e.g. triton+gemv64)
+runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`); a "+fp8" suffix runs a second copy of
 the model with weight-only fp8 GEMM weights (`load_model(weight_format="fp8")`; with "gemv" the
 fp8 skinny linear runs every forward) against its own floor (`bytes_read` of the fp8 spec); its
 logits differ from "off" by the quantization.
@@ -63,7 +64,7 @@ from bench_kernels import time_calls  # noqa: E402  (sibling script: CUDA-graph 
 from bench_step import _free, _q, bytes_read, copy_bandwidth, time_ms  # noqa: E402  (the floor as bench_step defines it)
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
-from swiftspec.kernels.gemv import MAX_ROWS, gemv  # noqa: E402
+from swiftspec.kernels.gemv import MAX_ROWS, MAX_ROWS_DOT, gemv  # noqa: E402
 from swiftspec.kernels.rmsnorm import add_rmsnorm  # noqa: E402
 from swiftspec.kernels.rope_kv import rope_kv  # noqa: E402
 from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel  # noqa: E402
@@ -185,7 +186,8 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
                     fp8_model = load("fp8")
                 model = fp8_model if "fp8" in extras else native
                 model.set_fusion(fu)
-                model.set_linear("triton" if "gemv" in extras else "torch")
+                gemv_rows = next((int(e[4:]) for e in extras if e.startswith("gemv") and e[4:].isdigit()), None)
+                model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows)
                 if model.attention == "triton":
                     model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
                                         max_block_m=64 if "bm64" in extras else 128)
@@ -225,7 +227,7 @@ def gemm_rows(args, model, device: torch.device, bw: float) -> list[dict]:
         a = torch.randn(t, model.shard.q_heads * model.spec.head_dim, device=device).to(model.dtype)
         m = torch.randn(t, model.shard.ffn, device=device).to(model.dtype)
 
-        for impl in ("cublas", "gemv") if t <= MAX_ROWS else ("cublas",):
+        for impl in ("cublas", "gemv") if t <= args.gemm_gemv_rows else ("cublas",):
             lin = F.linear if impl == "cublas" else functools.partial(gemv, kind="dot")  # as the model calls it
 
             def gemms(x=x, a=a, m=m, lin=lin):
@@ -329,7 +331,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch, +kernelcombine (tree attention's"
-                         " in-kernel combine), +bm64 (attention tiles capped at 64 rows) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8")
+                         " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +gemvN (skinny linear up to N"
+                         " tokens instead of 16) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
+    ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,
+                    help=f"GEMMs-alone table: the skinny linear too for up to this many tokens (default {MAX_ROWS},"
+                         f" at most {MAX_ROWS_DOT})")
     ap.add_argument("--breakdown-tokens", default="1,64",
                     help="token counts whose graph replay gets a per-kernel-category profile (CUDA, first kv)")
     ap.add_argument("--attention", default="triton", help="torch | triton")
@@ -346,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.reps < 1:
         ap.error("--rounds and --reps must be >= 1")
+    if not 1 <= args.gemm_gemv_rows <= MAX_ROWS_DOT:
+        ap.error(f"--gemm-gemv-rows must be in 1..{MAX_ROWS_DOT}")
     device = torch.device(args.device)
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.kv = [int(x) for x in args.kv.split(",")]

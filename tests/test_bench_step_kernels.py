@@ -53,3 +53,19 @@ def test_fp8_mode_has_its_own_floor(make_checkpoint, tmp_path):
                    for f in ("native", "fp8"))  # fmt: skip
     assert steps.loc["off", "bytes"] == native and steps.loc["triton+gemv+fp8", "bytes"] == fp8 < native / 3
     assert 0 < steps.loc["triton+gemv+fp8", "max_rel_err_vs_off"] < 0.15
+
+
+def test_gemv_rows_suffix_and_gemm_table(make_checkpoint, tmp_path):
+    """"+gemv32": the skinny linear up to 32 tokens, logits as "off"; --gemm-gemv-rows 32 times it in
+    the GEMMs-alone table at 20 tokens, where the default (16) has cuBLAS only."""
+    ckpt = make_checkpoint("llama")
+    bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,20", "--kv", "32",
+                             "--fusions", "off,triton+gemv32", "--reps", "2", "--no-kernels", "--gemm-gemv-rows", "32",
+                             "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
+    rows = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv")))
+    steps = rows.query("kind == 'step' and fusion == 'triton+gemv32'")
+    assert len(steps) == 2 and (steps["max_rel_err_vs_off"] < 1e-4).all()
+    gemm = rows.query("kind == 'gemm_only'")
+    assert sorted(gemm[gemm.tokens == 20].impl) == ["cublas", "gemv"]
+    with pytest.raises(SystemExit):
+        bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--gemm-gemv-rows", "300"])

@@ -103,6 +103,25 @@ def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, lin
 
 
 @cpu_interpreted
+def test_skinny_linear_up_to_max_rows(make_checkpoint):
+    """set_linear("triton", max_rows=32): the 20-token prefill takes the skinny linear too, and the
+    logits still equal the eager model's; max_rows outside 1..256 is one clear error."""
+    path = make_checkpoint("llama")
+    ref, _ = steps(load_model(path), 11)
+    model = load_model(path)
+    model.set_linear("triton", max_rows=32)
+    calls, kernel = [], model._gemv
+    model._gemv = lambda *a, **kw: calls.append(a[0].shape[0]) or kernel(*a, **kw)
+    got, _ = steps(model, 11)
+    assert sorted(set(calls)) == [3, 9, 20]
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 1e-5
+    for bad in (0, 257):
+        with pytest.raises(UserError, match="max_rows must be in 1..256"):
+            model.set_linear("triton", max_rows=bad)
+
+
+@cpu_interpreted
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_lossless_generate_with_triton_fusion(make_checkpoint, arch):
     """Speculative decoding with the fused target and draft equals the unfused target's greedy

@@ -15,7 +15,7 @@ if not HAS_CUDA and not INTERPRET:
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
-from swiftspec.kernels.gemv import FP8, MAX_ROWS, MAX_ROWS_FP8, gemv, gemv_ref, quantize_fp8  # noqa: E402
+from swiftspec.kernels.gemv import FP8, MAX_ROWS, MAX_ROWS_DOT, MAX_ROWS_FP8, gemv, gemv_ref, quantize_fp8  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -49,10 +49,24 @@ def test_gemv_block_overrides_give_the_same_result(kind):
         torch.testing.assert_close(gemv(x, w, block_n=bn, block_k=bk, kind=kind), a, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k", [(17, 40, 96), (40, 33, 130), (64, 24, 200), (MAX_ROWS_DOT, 16, 48)])
+def test_gemv_dot_beyond_sixteen_rows(dtype, m, n, k):
+    """The dot kind above the model's default 16 rows (`set_linear(..., max_rows=)`, for A/B runs):
+    token rows padded to the next power of two on the MMA's N side, up to 256."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    x, w, b = _rand((m, k), gen, dtype), _rand((n, k), gen, dtype), _rand((n,), gen, dtype)
+    got = gemv(x, w, b, kind="dot")
+    ref = F.linear(x.float(), w.float(), b.float())
+    assert got.dtype == dtype and got.shape == (m, n)
+    assert float((got.float() - ref).abs().max() / ref.abs().max()) <= TOL[dtype]
+
+
 def test_gemv_rejects_bad_shapes():
-    x = torch.randn(MAX_ROWS + 1, 8, device=DEVICE)
-    with pytest.raises(ValueError, match="at most"):
-        gemv(x, torch.randn(4, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="'fma' takes at most 16 rows"):
+        gemv(torch.randn(MAX_ROWS + 1, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE), kind="fma")
+    with pytest.raises(ValueError, match="'dot' takes at most 256 rows"):
+        gemv(torch.randn(MAX_ROWS_DOT + 1, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE))
     with pytest.raises(ValueError, match="need x"):
         gemv(torch.randn(2, 8, device=DEVICE), torch.randn(4, 9, device=DEVICE))
     with pytest.raises(ValueError, match="kind"):

@@ -1,4 +1,4 @@
-"""Skinny linear layer y = x @ w.T (+ b) for a few token rows (M <= 16), in one Triton launch.
+"""Skinny linear layer y = x @ w.T (+ b) for a few token rows (the model: M <= 16 by default), in one Triton launch.
 
 Why: on the H200 the decode step's GEMMs alone (cuBLAS, one CUDA graph) take 1.14-1.16x the
 weight-bytes floor at 1 token (`benchmarks/results/bench_step_kernels-2026-12-02*`). A batch-1
@@ -32,8 +32,9 @@ import triton.language as tl
 from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
 
 SHARED_BYTES = 220 * 1024  # pipeline buffers' budget: Hopper has 227 KB of shared memory per block
-MAX_ROWS = 16  # more token rows: use F.linear (cuBLAS is efficient once M fills an MMA tile)
-MAX_ROWS_FP8 = 256  # fp8 weights: every forward (cuBLAS has no bf16 x fp8 GEMM), up to a prefill chunk
+MAX_ROWS = 16  # the model's default: more token rows go to F.linear (measured at 1-16 rows only)
+MAX_ROWS_DOT = 256  # the dot kind's limit, any weight dtype (token rows fill the MMA's N side)
+MAX_ROWS_FP8 = MAX_ROWS_DOT  # fp8 weights: every forward (cuBLAS has no bf16 x fp8 GEMM), up to a prefill chunk
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 
@@ -165,14 +166,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          x_f16: bool = False, kind: str = "dot", pdl: bool = False) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
-    M <= 16 (MAX_ROWS); x and weight need a contiguous last dim. Grid ceil(N / BLOCK_N) x split_k;
+    M <= 256 (MAX_ROWS_DOT) with kind "dot", M <= 16 (MAX_ROWS) with "fma"; the model uses it up to
+    16 rows by default (`Transformer.set_linear(..., max_rows=)`). x and weight need a contiguous last dim. Grid ceil(N / BLOCK_N) x split_k;
     no host sync, so it can be captured in a CUDA graph. num_stages: Triton's software pipelining
     depth of the K loop; num_warps, num_stages, block sizes and split_k default to the measured
     configs below (None).
 
     fp8 weights (float8_e4m3fn, from `quantize_fp8`) need `scale` (N,) float32, the per-row scale:
-    y = x @ (weight * scale[:, None]).T + bias, half the bytes of bf16 weights; kind "dot" only,
-    M <= 256 (MAX_ROWS_FP8: the token rows fill the MMA's N side, padded to a power of two >= 16).
+    y = x @ (weight * scale[:, None]).T + bias, half the bytes of bf16 weights; kind "dot" only
+    (the token rows fill the MMA's N side, padded to a power of two >= 16).
     With bfloat16/float16 x the products run in float16 (see `_dot`); x_f16 converts x to float16
     once before the launch (three small ops) instead of in every program at every K step: the same
     result bit for bit, meant for many rows, where the x tile outgrows the weight tile (not yet
@@ -195,8 +197,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError("fp8 weights need their scale (N,), and only fp8 weights take one")
     if fp8 and (scale.shape != (n,) or scale.dtype != torch.float32 or kind != "dot"):
         raise ValueError(f"fp8 weights: scale must be ({n},) float32 and kind 'dot'")
-    if m > (MAX_ROWS_FP8 if fp8 else MAX_ROWS):
-        raise ValueError(f"gemv takes at most {MAX_ROWS_FP8 if fp8 else MAX_ROWS} rows, got {m}: use F.linear")
+    limit = MAX_ROWS_DOT if kind == "dot" else MAX_ROWS
+    if m > limit:
+        raise ValueError(f"gemv kind {kind!r} takes at most {limit} rows, got {m}: use F.linear")
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight need a contiguous last dim")
     if bias is not None and bias.shape != (n,):

@@ -182,19 +182,24 @@ class Transformer(nn.Module):
         self.set_linear("torch")
         self.set_pdl(False)
 
-    def set_linear(self, impl: str) -> None:
+    def set_linear(self, impl: str, max_rows: int | None = None) -> None:
         """How the GEMMs run: "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny-linear
-        kernel `swiftspec.kernels.gemv` for forwards of at most `gemv.MAX_ROWS` tokens (a pure weight
-        stream), `F.linear` above that. The choice is per forward shape, so a captured graph holds one."""
+        kernel `swiftspec.kernels.gemv` for forwards of at most `max_rows` tokens (a pure weight
+        stream; default `gemv.MAX_ROWS`, 16, the rows it was measured at; up to `gemv.MAX_ROWS_DOT`
+        for A/B runs), `F.linear` above that. fp8 weights take it for every forward up to
+        `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a captured graph holds one."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
         self._gemv, self._gemv_rows, self._gemv_fp8_rows = None, 0, 0
         if impl == "triton":
             try:
-                from swiftspec.kernels.gemv import MAX_ROWS, MAX_ROWS_FP8, gemv
+                from swiftspec.kernels.gemv import MAX_ROWS, MAX_ROWS_DOT, MAX_ROWS_FP8, gemv
             except ImportError as e:
                 raise UserError(f"the triton linear is not available ({e}); use linear 'torch'") from None
-            self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, MAX_ROWS, MAX_ROWS_FP8
+            rows = MAX_ROWS if max_rows is None else max_rows
+            if not 1 <= rows <= MAX_ROWS_DOT:
+                raise UserError(f"max_rows must be in 1..{MAX_ROWS_DOT}, got {rows}")
+            self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, rows, MAX_ROWS_FP8
         self.linear = impl
 
     def set_gemm_weight(self, owner: nn.Module, name: str, w: torch.Tensor) -> None:
