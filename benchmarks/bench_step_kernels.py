@@ -40,6 +40,10 @@ kernel's bytes floor.
 Order: with `--rounds N` every mode is measured N times, the order of --fusions reversed every
 other round (rows: `round`, `position`); the tables show medians over rounds. One round measured
 the same cuBLAS GEMMs 1-10 % slower in whichever mode came second (KERNELS.md, "Sixth session").
+Rounds of whole modes still leave ±10 % between rounds (2026-12-03m). `--paired` captures every mode at
+once and alternates them step by step, in an order rotated every round (rows kind "paired": each
+mode's time and its ratio to the first mode's in the same round, median and p10/p90 over --reps
+rounds). A drift then moves both sides of every ratio alike: meant for A/B decisions.
 
 Writes benchmarks/results/bench_step_kernels-<date>.{json,csv} with run_metadata(); prints tables.
 """
@@ -126,6 +130,52 @@ def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, l
     return rows
 
 
+def paired_rows(args, setup: Callable, cache: KVCache, spec, kv: int, bw: float) -> list[dict]:
+    """--paired: every fusion captured at once, then per token count `reps` rounds of one step each,
+    in an order rotated every round, so clock drift and neighbours' noise hit all fusions alike.
+    Rows (kind "paired"): each fusion's median / p10 / p90 ms and the median (p10, p90) over rounds of
+    its time / the first fusion's time in the same round (`ratio_vs_first`)."""
+    device, rows, runners = cache.k.device, [], []
+    for fusion in args.fusions:
+        model = setup(fusion)
+        runners.append((fusion, GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))))
+    for t in args.tokens:
+        gen = torch.Generator().manual_seed(t)
+        toks = torch.randint(0, spec.vocab, (t,), generator=gen).to(device)
+        pos = kv + torch.arange(t, device=device)
+        mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        times: dict[str, list[float]] = {f: [] for f, _ in runners}
+        outs = {}
+        for r in range(args.reps + 3):  # 3 warm-up rounds
+            k = r % len(runners)
+            for fusion, runner in runners[k:] + runners[:k]:
+                if not runner.use_graphs:  # eager (CPU): the model runs in whatever mode it is set to
+                    setup(fusion)
+                ms = time_ms(functools.partial(runner.run, toks, pos, pos, kv, mask), 1, 0, device)
+                if r >= 3:
+                    times[fusion] += ms
+        for fusion, runner in runners:
+            if not runner.use_graphs:
+                setup(fusion)
+            outs[fusion] = runner.run(toks, pos, pos, kv, mask).float()
+        first = args.fusions[0]
+        for fusion, ms in times.items():
+            ratios = [a / b for a, b in zip(ms, times[first])]
+            fmt = "fp8" if "+fp8" in fusion else "native"
+            nbytes = bytes_read(dataclasses.replace(spec, weight_format=fmt), t, kv)
+            ref = outs[first]
+            rows.append(dict(kind="paired", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
+                             attention=args.attention, weight_format=fmt, tokens=t, floor_ms=nbytes / bw * 1e3,
+                             bytes=nbytes, median_ms=statistics.median(ms), p10_ms=_q(ms, 0.1), p90_ms=_q(ms, 0.9),
+                             reps=len(ms), vs=first, ratio_vs_first=statistics.median(ratios),
+                             ratio_p10=_q(ratios, 0.1), ratio_p90=_q(ratios, 0.9),
+                             max_rel_err_vs_first=float((outs[fusion] - ref).abs().max() / ref.abs().max())))  # fmt: skip
+        print(f"{spec.name} kv {kv} T={t} paired: " + ", ".join(
+            f"{r['fusion']} {r['median_ms']:.3f} ms ({r['ratio_vs_first']:.3f}x)" for r in rows if r["tokens"] == t),
+            flush=True)  # fmt: skip
+    return rows
+
+
 def kernel_category(name: str) -> str:
     """Category of a kernel name as the profiler reports it (Triton: the jit function's name)."""
     n = name.lower()
@@ -170,28 +220,40 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
     native = load("native")
     fp8_model = None  # loaded on first use of a "+fp8" mode: weight-only fp8, the same random weights quantized
     spec, rows, logits = native.spec, [], {}
+
+    def setup(fusion: str):
+        """The model that runs `fusion` ("triton+gemv+bm64", ...), configured for it."""
+        nonlocal fp8_model
+        fu, *extras = fusion.split("+")
+        if "fp8" in extras and fp8_model is None:
+            fp8_model = load("fp8")
+        model = fp8_model if "fp8" in extras else native
+        model.set_fusion(fu)
+        gemv_rows = next((int(e[4:]) for e in extras if e.startswith("gemv") and e[4:].isdigit()), None)
+        model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows)
+        if model.attention == "triton":
+            model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
+                                max_block_m=64 if "bm64" in extras else 128)
+        model.set_pdl("pdl" in extras)
+        return model
+
     for kv in args.kv:
         cache = KVCache(spec, native.shard, kv + max(args.tokens), device, dtype)
+        if args.paired:
+            rows += paired_rows(args, setup, cache, spec, kv, bw)
+            cache = None
+            _free(device)
+            continue
         # rounds alternate the order (ABBA...): a mode measured second in one round is first in the
         # next, so a drift or an order effect (the earlier mode's graphs freed just before, clocks)
         # shows up between rounds instead of as a difference between modes
         for rnd, pos, fusion in ((r, i, f) for r in range(args.rounds)
                                  for i, f in enumerate(args.fusions if r % 2 == 0 else args.fusions[::-1])):
-            fu, *extras = fusion.split("+")
             base = dict(kind="step", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
                         attention=args.attention, round=rnd, position=pos,
-                        weight_format="fp8" if "fp8" in extras else "native")  # fmt: skip
+                        weight_format="fp8" if "+fp8" in fusion else "native")  # fmt: skip
             try:
-                if "fp8" in extras and fp8_model is None:
-                    fp8_model = load("fp8")
-                model = fp8_model if "fp8" in extras else native
-                model.set_fusion(fu)
-                gemv_rows = next((int(e[4:]) for e in extras if e.startswith("gemv") and e[4:].isdigit()), None)
-                model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows)
-                if model.attention == "triton":
-                    model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
-                                        max_block_m=64 if "bm64" in extras else 128)
-                model.set_pdl("pdl" in extras)
+                model = setup(fusion)
                 runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
                 first = kv == args.kv[0] and rnd == 0
                 base["device_ops_1tok"] = device_ops(model, cache, device) if first else float("nan")
@@ -346,6 +408,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure the fusions this many times, the order reversed every other round; "
                          "tables show the median over rounds, rows keep `round` and `position`")
+    ap.add_argument("--paired", action="store_true",
+                    help="capture every fusion at once and alternate them step by step (rotated order), "
+                         "reporting each one's time relative to the first fusion's in the same round "
+                         "(rows kind 'paired'); no breakdown or device-op count")
     ap.add_argument("--calls", type=int, default=20, help="kernel calls per captured graph (per-kernel timing)")
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel microbenchmarks")
     ap.add_argument("--out", default=str(RESULTS))
@@ -382,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
 
     fmt = {"display.width": 200, "display.max_columns": 30, "display.float_format": "{:.3f}".format}
     steps = df[df["kind"] == "step"]
-    if "median_ms" in steps:
+    if len(steps) and "median_ms" in steps:
         steps = steps.dropna(subset=["median_ms"]).assign(x_floor=lambda d: d["median_ms"] / d["floor_ms"])
         table = steps.pivot_table(index=["model", "kv_len", "tokens"], columns="fusion",
                                   values=["median_ms", "x_floor"], aggfunc="median")  # fmt: skip
@@ -396,6 +462,13 @@ def main(argv: list[str] | None = None) -> None:
             if len(ops):
                 print("\ndevice ops per 1-token forward\n"
                       f"{ops.groupby(['model', 'fusion'])['device_ops_1tok'].first().unstack()}")  # fmt: skip
+    paired = df[df["kind"] == "paired"]
+    if len(paired):
+        ptab = paired.pivot_table(index=["model", "kv_len", "tokens"], columns="fusion",
+                                  values=["median_ms", "ratio_vs_first"], aggfunc="first")  # fmt: skip
+        with pd.option_context(*[x for kv in fmt.items() for x in kv]):
+            print(f"\npaired steps (alternated every step; ratio = time / {args.fusions[0]}'s in the same round, "
+                  f"median of {args.reps})\n{ptab}")  # fmt: skip
     brk = df[df["kind"] == "breakdown"]
     if len(brk):
         btab = brk.pivot_table(index=["model", "tokens", "fusion"], columns="category", values="us_per_step",

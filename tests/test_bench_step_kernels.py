@@ -69,3 +69,20 @@ def test_gemv_rows_suffix_and_gemm_table(make_checkpoint, tmp_path):
     assert sorted(gemm[gemm.tokens == 20].impl) == ["cublas", "gemv"]
     with pytest.raises(SystemExit):
         bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--gemm-gemv-rows", "300"])
+
+
+def test_paired_alternates_every_step(make_checkpoint, tmp_path):
+    """--paired: every fusion captured at once, alternated step by step; each fusion gets `reps`
+    timings and its ratio to the first fusion (1 for the first itself), and the outputs agree."""
+    ckpt = make_checkpoint("llama")
+    bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,4", "--kv", "16",
+                             "--fusions", "off,triton,triton+gemv", "--reps", "3", "--paired", "--no-kernels",
+                             "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
+    rows = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv")))
+    paired = rows.query("kind == 'paired'")
+    assert len(paired) == 3 * 2 and not len(rows.query("kind == 'step'"))
+    assert (paired.reps == 3).all() and (paired.vs == "off").all()
+    first = paired[paired.fusion == "off"]
+    assert (first.ratio_vs_first == 1.0).all() and (first.max_rel_err_vs_first == 0.0).all()
+    assert (paired.ratio_vs_first > 0).all() and (paired.max_rel_err_vs_first < 1e-4).all()
+    assert (paired.ratio_p10 <= paired.ratio_vs_first).all() and (paired.ratio_vs_first <= paired.ratio_p90).all()
