@@ -1,5 +1,5 @@
-"""Compile tree attention for a GPU on any machine (no GPU needed) and read what it will cost:
-shared memory, registers, spills.
+"""Compile tree attention and the skinny linear for a GPU on any machine (no GPU needed) and read
+what they will cost: shared memory, registers, spills.
 
 Triton compiles for a named target with its bundled ptxas, so a CPU-only machine can check a tile
 before any device time is spent on it. The JIT specializes integer arguments divisible by 16 and
@@ -11,7 +11,8 @@ shared-memory numbers equal those the lent H200 (Triton 3.6) reported when it re
 D 64: 245760 bytes). Without it they are 2.4x lower and meaningless.
 
 Under TRITON_INTERPRET=1 (the CPU test runs) `@triton.jit` functions are interpreted and cannot
-be compiled, so `tree_attention_reports` then compiles in one child process without it.
+be compiled, so `tree_attention_reports` and `gemv_reports` then compile in one child process
+without it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import triton
 
+from swiftspec.kernels.gemv import DotConfig, _skinny_dot_kernel
 from swiftspec.kernels.tree_attention import TreeAttentionConfig, _tree_attn_kernel
 
 # Hopper's per-block shared memory limit (what Triton compares against: 227 KiB).
@@ -69,8 +71,21 @@ def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]]
     dtype: "bf16", "fp16" or "fp32" (Triton type names)."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return [_report(cfg, d, g, dtype, capability) for cfg, d, g in items]
+    return _in_child("tree_attention", [[dataclasses.asdict(c), d, g] for c, d, g in items], dtype, capability)
+
+
+def gemv_reports(items: Sequence[tuple[DotConfig, bool, bool]], dtype: str = "bf16",
+                 capability: int = 90) -> list[CompileReport]:
+    """Compile the skinny linear's dot kernel once per (cfg, norm, residual) (`gemv.dot_config`;
+    norm: the RMSNorm prologue, residual: with a residual to add) with weights and x in `dtype`."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return [_gemv_report(cfg, norm, res, dtype, capability) for cfg, norm, res in items]
+    return _in_child("gemv", [[dataclasses.asdict(c), n, r] for c, n, r in items], dtype, capability)
+
+
+def _in_child(kernel: str, items: list, dtype: str, capability: int) -> list[CompileReport]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    job = {"dtype": dtype, "capability": capability, "items": [[dataclasses.asdict(c), d, g] for c, d, g in items]}
+    job = {"kernel": kernel, "dtype": dtype, "capability": capability, "items": items}
     done = subprocess.run([sys.executable, "-m", "swiftspec.kernels.compile_check"], input=json.dumps(job), env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -79,10 +94,22 @@ def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]]
 
 
 @functools.lru_cache(maxsize=256)
-def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, capability: int) -> CompileReport:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def _gemv_report(cfg: DotConfig, norm: bool, residual: bool, dtype: str, capability: int) -> CompileReport:
+    names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
+    pointers = ("X", "W", "S", "B", "Y", "P", "RES", "G", "NEW_RES")
+    ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r")
+    constexprs = {"HAS_BIAS": False, "HAS_SCALE": False, "IEEE": dtype == "fp32", "UPCAST": False, "F16": False,
+                  "X_F16": False, "SPLIT_K": cfg.split_k, "NORM": norm, "HAS_RES": residual, "BLOCK_M": cfg.block_m,
+                  "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "BLOCK_KN": cfg.block_kn, "PDL": False}
+    signature = {**{p: "*fp32" if p in ("S", "P") else f"*{dtype}" for p in pointers}, "eps": "fp32",
+                 **dict.fromkeys(ints, "i32"), **dict.fromkeys(constexprs, "constexpr")}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in (*pointers, *ints[1:])}  # M (rows) is not
+    return _compiled_report(_skinny_dot_kernel, signature, constexprs, attrs, cfg.num_warps, cfg.num_stages,
+                            capability)
 
+
+@functools.lru_cache(maxsize=256)
+def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, capability: int) -> CompileReport:
     names = list(inspect.signature(_tree_attn_kernel.fn).parameters)
     ptr_types = {n: "*fp32" if n.startswith("PART_") else "*i32" if n in ("PREFIX", "MASKW", "COUNTERS") else f"*{dtype}"
                  for n in _POINTERS}
@@ -92,9 +119,18 @@ def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, cap
     signature = {**ptr_types, "scale_log2": "fp32", **dict.fromkeys(_INTS, "i32"),
                  **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in _DIVISIBLE}
+    return _compiled_report(_tree_attn_kernel, signature, constexprs, attrs, cfg.num_warps, cfg.num_stages,
+                            capability)
+
+
+def _compiled_report(fn, signature: dict, constexprs: dict, attrs: dict, num_warps: int, num_stages: int,
+                     capability: int) -> CompileReport:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
     kernel = triton.compile(
-        ASTSource(fn=_tree_attn_kernel, signature=signature, constexprs=constexprs, attrs=attrs),
-        target=GPUTarget("cuda", capability, 32), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+        target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps, "num_stages": num_stages},
     )
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -108,8 +144,11 @@ def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, cap
     return CompileReport(shared, int(m.group(1)), int(m.group(2)), shared <= SM90_SHARED_LIMIT)
 
 
-if __name__ == "__main__":  # the child of tree_attention_reports under TRITON_INTERPRET=1
+if __name__ == "__main__":  # the child of tree_attention_reports / gemv_reports under TRITON_INTERPRET=1
     job = json.load(sys.stdin)
-    reports = tree_attention_reports([(TreeAttentionConfig(**c), d, g) for c, d, g in job["items"]], job["dtype"],
-                                     job["capability"])
+    if job["kernel"] == "gemv":
+        reports = gemv_reports([(DotConfig(**c), n, r) for c, n, r in job["items"]], job["dtype"], job["capability"])
+    else:
+        reports = tree_attention_reports([(TreeAttentionConfig(**c), d, g) for c, d, g in job["items"]],
+                                         job["dtype"], job["capability"])
     print(json.dumps([dataclasses.asdict(r) for r in reports]))
