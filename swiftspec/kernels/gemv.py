@@ -1,4 +1,4 @@
-"""Skinny linear layer y = x @ w.T (+ b) for a few token rows (the model: M <= 16 by default), in one Triton launch.
+"""Skinny linear layer y = x @ w.T (+ b) for a few token rows (the model: M <= 16), in one Triton launch.
 
 Why: on the H200 the decode step's GEMMs alone (cuBLAS, one CUDA graph) take 1.14-1.16x the
 weight-bytes floor at 1 token (`benchmarks/results/bench_step_kernels-2026-12-02*`). A batch-1
@@ -259,8 +259,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 256 (MAX_ROWS_DOT) with kind "dot", M <= 16 (MAX_ROWS) with "fma"; the model uses it up to
-    16 rows by default (`Transformer.set_linear(..., max_rows=)`). x and weight need a contiguous last dim. Grid ceil(N / BLOCK_N) x split_k;
-    no host sync, so it can be captured in a CUDA graph. num_stages: Triton's software pipelining
+    16 rows by default (`Transformer.set_linear(..., max_rows=)`). x and weight need a contiguous
+    last dim. Grid ceil(N / BLOCK_N) x split_k; no host sync, so it can be captured in a CUDA graph. num_stages: Triton's software pipelining
     depth of the K loop; num_warps, num_stages, block sizes and split_k default to the measured
     configs below (None).
 
