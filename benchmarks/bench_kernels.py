@@ -271,8 +271,9 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
 # Tile sweep: which (BLOCK_M, BLOCK_N, warps, stages, splits) the many-row shapes want. Rows per KV
 # head = queries x group: 256 for 64 queries of 32/8 heads. The first sweeps (kernels_tiles_2026-12-03
 # and -03b) made BLOCK_M 128 the default from 64 rows on: a key block costs a 128-row tile about what
-# it costs a 64-row one, so fewer row tiles leave each split more keys. BLOCK_M 256 (16 warps: four 64-row wgmma warpgroups) reads each K/V block once per split for 64
-# queries of 32/8 heads, where BLOCK_M 128 reads it twice (added after the 2026-12-03 sweeps).
+# it costs a 64-row one, so fewer row tiles leave each split more keys. BLOCK_M 256 (16 warps) reads
+# each K/V block once per split for 64 queries of 32/8 heads, where BLOCK_M 128 reads it twice; it
+# lost to BLOCK_M 128 by 1.4-2x at all 6 shapes it was timed on (kernels_tiles_2026-12-03e).
 TILE_GRID = ([(64, bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
              + [(128, bn, 8, st) for bn in (32, 64, 128) for st in (2, 3, 4)]
              + [(256, bn, 16, st) for bn in (32, 64) for st in (2, 3)])

@@ -145,9 +145,8 @@ def _x_tile(X, RES, G, NEW_RES, rstd, ks, rows, ok, K, stride_x, stride_r, NORM:
         if HAS_RES:
             r = tl.load(RES + rows[None, :] * stride_r + ks[:, None], mask=ok, other=0.0)
             xt = (xt.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-            if tl.program_id(0) == 0:
-                if tl.program_id(1) == 0:
-                    tl.store(NEW_RES + rows[None, :] * stride_r + ks[:, None], xt, mask=ok)
+            if tl.program_id(0) == 0:  # one program stores the new residual (the prologue needs split_k 1)
+                tl.store(NEW_RES + rows[None, :] * stride_r + ks[:, None], xt, mask=ok)
         y = (xt.to(tl.float32) * rstd[None, :]).to(X.dtype.element_ty)
         g = tl.load(G + ks, mask=ks < K, other=0.0)
         xt = (y.to(tl.float32) * g.to(tl.float32)[:, None]).to(X.dtype.element_ty)

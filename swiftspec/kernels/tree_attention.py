@@ -545,30 +545,30 @@ def choose_config(
     # (kernels_tiles_2026-12-03d, 64-512 rows) measured BLOCK_N 64 with 4 warps 19-34 % faster
     # than BLOCK_N 128 with 8 (kv 1024 q16 11.3 -> 7.8 µs, q64 14.6 -> 11.3, kv 4096 q64 26.7 -> 17.7).
     bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 or (new_tiles and d == 64) else 128)
-    # BLOCK_M 128 only where measured: D 128. At D 64 it was 1.5-2x slower than BLOCK_M 64 in the D 64
-    # sweep and made the 1B step 11-13 % slower (bench_step_kernels-2026-12-03k).
-    wide_tiles = new_tiles and d == 128 and bn == 64
-    if block_m is None and wide_tiles and rows >= 64:
-        # Tile sweeps (kernels_tiles_2026-12-03{,b}, H200, 64-1024 rows): BLOCK_M 128 with 8 warps
-        # (two 64-row wgmma warpgroups) beat every BLOCK_M 64 tile at 13 of 14 shapes (a tie at the
-        # 14th) and the earlier default (BLOCK_M 64, 8 warps) at all 14 by 8-48 %, even
-        # half padding at 64 rows: per key block it costs about what a 64-row tile does (~1.25 µs,
-        # latency-bound), so fewer row tiles leave the splits more keys each. E.g. 32/8 kv 16384
-        # q64 89.0 -> 51.9 µs, kv 1024 q16 14.9 -> 12.9.
-        bm = 128
-    if block_m is None and new_tiles and bn == 64 and d in (64, 128) and rows > 16:
-        # ...unless the K/V is small: then BLOCK_M 16 (mma.sync, 4 warps) wins, since its programs
-        # are shorter per key block and there are 8x more of them to fill the SMs, while the extra
-        # K/V reads (once per 16-row tile, mostly from L2) stay cheap. Sweeps
-        # kernels_tiles_2026-12-03{f,g,i} (D 64 and D 128, 4-1024 rows, kv 1024-16384): at <= 32 rows
-        # BLOCK_M 16 was the best or within 2 % of it at all 10 shapes (BLOCK_M 32 4-38 % slower);
-        # above, it won where these reads are <= 16 MiB (6 shapes) and lost or tied from 32 MiB (5;
-        # D 128: 8/1 kv 1024 q8 11.0 -> 7.3 µs, q64 12.4 -> 9.8, 32/8 kv 1024 q16 11.9 -> 10.2; 8/1
-        # kv 4096 q64, 64 MiB: 15.7 µs at BLOCK_M 128, 18.1 at 16). Above 32 rows at D 64 BLOCK_M 16
-        # is unmeasured but for one shape, where it lost (kv 16384 q16, 128 MiB).
+    # The tiles below were measured for BLOCK_N 64 at D 64 and 128 only (bf16/fp16).
+    swept = new_tiles and bn == 64 and d in (64, 128)
+    if block_m is None and swept and rows > 16:
+        # BLOCK_M 16 (mma.sync, 4 warps) while the K/V is small: its programs are shorter per key
+        # block and there are 8x more of them to fill the SMs, while the extra K/V reads (once per
+        # 16-row tile, mostly from L2) stay cheap. Sweeps kernels_tiles_2026-12-03{f,g,i} (D 64 and
+        # 128, 4-1024 rows, kv 1024-16384): at <= 32 rows BLOCK_M 16 was the best or within 2 % of
+        # it at all 10 shapes (BLOCK_M 32 4-38 % slower); above, it won where these reads are
+        # <= 16 MiB (6 shapes) and lost or tied from 32 MiB (5; D 128: 8/1 kv 1024 q8 11.0 -> 7.3 µs,
+        # q64 12.4 -> 9.8, 32/8 kv 1024 q16 11.9 -> 10.2; 8/1 kv 4096 q64, 64 MiB: 15.7 µs at
+        # BLOCK_M 128, 18.1 at 16). Above 32 rows at D 64 it is unmeasured but for one shape, where
+        # it lost (kv 16384 q16, 128 MiB).
         narrow_bytes = triton.cdiv(rows, 16) * hkv * max_len * d * 2 * elem_bytes
         if rows <= 32 or (d == 128 and narrow_bytes <= NARROW_TILE_MAX_BYTES):
             bm = 16
+        elif d == 128 and rows >= 64:
+            # Otherwise BLOCK_M 128 with 8 warps (two 64-row wgmma warpgroups), at D 128 only
+            # (kernels_tiles_2026-12-03{,b}, 64-1024 rows): it beat every BLOCK_M 64 tile at 13 of 14
+            # shapes (a tie at the 14th) and the earlier default (BLOCK_M 64, 8 warps) at all 14 by
+            # 8-48 %, even half padded at 64 rows: per key block it costs about what a 64-row tile
+            # does (~1.25 µs, latency-bound), so fewer row tiles leave the splits more keys each
+            # (32/8 kv 16384 q64 89.0 -> 51.9 µs). At D 64 it was 1.5-2x slower than BLOCK_M 64
+            # (kernels_tiles_2026-12-03d) and made the 1B step 11-13 % slower (bench_step_kernels-2026-12-03k).
+            bm = 128
     if num_splits is None:
         if rule == "model":
             if combine not in SPLIT_COST:
@@ -583,9 +583,8 @@ def choose_config(
     # BLOCK_M 64 took 8 warps under the earlier tiles: a compile without the JIT's divisibility
     # specialization showed 4 warps spilling 272 B. Compiled as launched (`compile_check`) neither
     # spills at D 128, and the tile sweeps measured 4 warps 10-40 % faster at every shape, so the
-    # wide-tile rule takes 4. BLOCK_M <= 32: 4 warps (mma.sync); BLOCK_M 128: 8 (two wgmma groups).
-    four_warps_at_64 = new_tiles and bn == 64 and d in (64, 128)
-    num_warps = num_warps or (8 if bm >= 128 or (bm == 64 and not four_warps_at_64) else 4)
+    # swept tiles take 4. BLOCK_M <= 32: 4 warps (mma.sync); BLOCK_M 128: 8 (two wgmma groups).
+    num_warps = num_warps or (8 if bm >= 128 or (bm == 64 and not swept) else 4)
     if num_stages is None:
         # A third pipeline stage pays off once a program walks many key blocks (H200 sweep,
         # kernels_2026-12-02 second run: 32/8 kv 16384 q64, 4096 keys per split: 124 -> 94 µs;
@@ -598,7 +597,7 @@ def choose_config(
         # with 3 stages, 128 programs 97.5 -> 59.3; grid kernels_2026-12-03e, 32/8 kv 16384 q8, 512
         # programs: 38.8 µs with 3 stages, 33.0 with 2 in kernels_tiles_2026-12-03g).
         programs = triton.cdiv(rows, bm) * hkv * int(num_splits)
-        if bm == 16 and new_tiles and programs > 2 * num_sms:
+        if bm == 16 and swept and programs > 2 * num_sms:
             num_stages = 2
     return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps,
                                num_stages=num_stages)
