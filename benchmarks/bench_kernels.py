@@ -299,15 +299,19 @@ def parse_tile_shapes(text: str) -> list[tuple[int, int, tuple[int, int, int]]]:
     return shapes
 
 
-def parse_tiles(text: str) -> list[tuple[int, int, int, int]]:
-    """"block_m/block_n/warps/stages,..." -> [(block_m, block_n, warps, stages)]."""
+def parse_tiles(text: str) -> list[tuple[int, int, int, int, bool]]:
+    """"block_m/block_n/warps/stages[/tma],..." -> [(block_m, block_n, warps, stages, tma)]; a trailing
+    "/tma" reads the prefix K/V through TMA descriptors (`tree_attention(tma=True)`)."""
     tiles = []
     for x in text.split(","):
+        parts = x.split("/")
+        tma = parts[-1] == "tma"
         try:
-            bm, bn, warps, stages = map(int, x.split("/"))
+            bm, bn, warps, stages = map(int, parts[:-1] if tma else parts)
         except ValueError:
-            raise ValueError(f"--tiles {x!r}: want block_m/block_n/warps/stages, e.g. 128/64/8/3") from None
-        tiles.append((bm, bn, warps, stages))
+            raise ValueError(f"--tiles {x!r}: want block_m/block_n/warps/stages[/tma], e.g. 128/64/8/3 or "
+                             "128/64/8/3/tma") from None
+        tiles.append((bm, bn, warps, stages, tma))
     return tiles
 
 
@@ -327,11 +331,12 @@ def bench_attention_tiles(kv, t, hq, hkv, d, dtype, device, bw, gen, tiles=TILE_
             "default": f"{default.block_m}/{default.block_n}/{default.num_warps}/{default.num_stages}"
                        f"/{default.num_splits}"}
     rows = []
-    for bm, bn, warps, stages in tiles:
+    for bm, bn, warps, stages, *tma in tiles:
         for ns in sorted({*splits, default.num_splits}):
             if ns > triton.cdiv(kv, bn):
                 continue
-            kw = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "num_splits": ns}
+            kw = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "num_splits": ns,
+                  "tma": bool(tma and tma[0])}
             row = {**base, "impl": "triton_tile", **kw}
             try:
                 o = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed, **kw)
@@ -494,8 +499,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tile sweep shapes instead of the built-in nine, as kv:queries:hq/hkv[:head_dim], "
                          "comma-separated (e.g. 1024:32:32/8,16384:64:8/1,1024:64:32/8:64; head dim 128 by default)")
     ap.add_argument("--tiles", default=None,
-                    help="tile sweep tiles instead of the built-in grid (TILE_GRID), as block_m/block_n/warps/stages, comma-separated "
-                         "(e.g. 64/64/4/3,128/64/8/3)")
+                    help="tile sweep tiles instead of the built-in grid (TILE_GRID), as block_m/block_n/warps/stages[/tma], "
+                         "comma-separated (e.g. 64/64/4/3,128/64/8/3,128/64/8/3/tma; /tma: prefix K/V through TMA)")
     args = ap.parse_args(argv)
     try:
         tile_shapes = parse_tile_shapes(args.tile_shapes) if args.tile_shapes else None
@@ -553,9 +558,10 @@ def main(argv: list[str] | None = None) -> int:
         key = ["heads", "head_dim", "kv", "queries"]
         ok = df.dropna(subset=["us"])
         best = ok.loc[ok.groupby(key).us.idxmin()].set_index(key)
-        dflt = ok[ok.apply(lambda r: r["default"] == f"{r.block_m}/{r.block_n}/{r.num_warps}/{r.num_stages}"
-                                                    f"/{r.num_splits}", axis=1)].set_index(key)
-        table = best[["block_m", "block_n", "num_warps", "num_stages", "num_splits", "us", "floor_us"]].copy()
+        dflt = ok[ok.apply(lambda r: not r.tma and r["default"] == f"{r.block_m}/{r.block_n}/{r.num_warps}"
+                                                                 f"/{r.num_stages}/{r.num_splits}", axis=1)]
+        dflt = dflt.set_index(key)
+        table = best[["block_m", "block_n", "num_warps", "num_stages", "num_splits", "tma", "us", "floor_us"]].copy()
         table["default"] = best["default"]
         table["default_us"] = dflt["us"]
         pd.set_option("display.width", 200)

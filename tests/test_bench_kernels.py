@@ -22,11 +22,12 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_tile_sweep_quick(tmp_path):
-    proc = run_bench("--tile-sweep", "--out", str(tmp_path))
+    proc = run_bench("--tile-sweep", "--tiles", "16/32/4/2,32/64/4/2/tma", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     (csv,) = tmp_path.glob("kernels_tiles_*_quick.csv")
     df = pd.read_csv(csv)
-    assert set(zip(df.block_m, df.block_n)) == {(16, 32), (32, 64)} and set(df.num_splits) == {1, 2}
+    assert set(zip(df.block_m, df.block_n, df.tma)) == {(16, 32, False), (32, 64, True)}
+    assert set(df.num_splits) == {1, 2}
     assert (df.rel_err < 2e-2).all() and df.us.notna().all()
     meta = json.loads(csv.with_suffix(".json").read_text())["metadata"]
     assert meta["shapes_done"] == meta["shapes"] == 1
@@ -46,7 +47,7 @@ def test_grid_quick_final_file_replaces_the_partial_ones(tmp_path):
 
 
 def test_bad_tile_arguments_are_one_line_exit_2(tmp_path):
-    for bad in (["--tiles", "128/64/8"], ["--tile-shapes", "1024:32"], ["--tile-shapes", "1024:32:32/8:64:1"]):
+    for bad in (["--tiles", "128/64/8"], ["--tiles", "128/64/8/3/x"], ["--tile-shapes", "1024:32"], ["--tile-shapes", "1024:32:32/8:64:1"]):
         proc = run_bench("--tile-sweep", *bad, "--out", str(tmp_path))
         assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert not any(tmp_path.iterdir())  # nothing written

@@ -62,43 +62,6 @@ def test_gemv_dot_beyond_sixteen_rows(dtype, m, n, k):
     assert float((got.float() - ref).abs().max() / ref.abs().max()) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k", [(1, 40, 96), (3, 70, 200), (16, 33, 130), (2, 64, 1100)])
-@pytest.mark.parametrize("with_residual", [False, True])
-def test_gemv_norm_prologue_matches_add_rmsnorm(dtype, m, n, k, with_residual):
-    """gemv(x, w, norm_weight=g, residual=r) = gemv(add_rmsnorm(x, r, g)[0], w): the same normalised
-    input tile for tile (float32: up to the order of the mean of squares), and residual_out = x + r."""
-    from swiftspec.kernels.rmsnorm import add_rmsnorm
-
-    gen = torch.Generator().manual_seed(m + n + k + with_residual)
-    x, w, b = _rand((m, k), gen, dtype), _rand((n, k), gen, dtype), _rand((n,), gen, dtype)
-    g = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
-    r = _rand((m, k), gen, dtype) if with_residual else None
-    h, new_res = add_rmsnorm(x, r, g, 1e-5)
-    ref = gemv(h, w, b)
-    out = torch.full_like(x, float("nan")) if with_residual else None
-    got = gemv(x, w, b, norm_weight=g, residual=r, eps=1e-5, residual_out=out)
-    assert float((got.float() - ref.float()).abs().max() / ref.float().abs().max()) <= (1e-6 if dtype == torch.float32 else 1e-2)
-    if dtype == torch.bfloat16:
-        assert float((got != ref).float().mean()) <= 0.01  # at most rare 1-ulp flips
-    if with_residual:
-        assert torch.equal(out, new_res)
-    # without the prologue the result is another one: the test would see a missing norm
-    assert float((gemv(x, w, b).float() - ref.float()).abs().max() / ref.float().abs().max()) > 0.05
-
-
-def test_gemv_norm_prologue_rejects_bad_arguments():
-    x, w, g = torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE), torch.randn(8, device=DEVICE)
-    with pytest.raises(ValueError, match="residual needs norm_weight"):
-        gemv(x, w, residual=x)
-    with pytest.raises(ValueError, match="go together"):
-        gemv(x, w, norm_weight=g, residual=x)
-    with pytest.raises(ValueError, match="kind 'dot'"):
-        gemv(x, w, norm_weight=g, kind="fma")
-    with pytest.raises(ValueError, match="norm_weight must be"):
-        gemv(x, w, norm_weight=g[:4])
-
-
 def test_gemv_rejects_bad_shapes():
     with pytest.raises(ValueError, match="'fma' takes at most 16 rows"):
         gemv(torch.randn(MAX_ROWS + 1, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE), kind="fma")

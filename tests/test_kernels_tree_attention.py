@@ -127,6 +127,24 @@ def test_tile_overrides_match_reference(block_m, block_n, num_warps, num_stages)
              block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_tma_prefix_reads_match_reference(dtype, splits):
+    """tma=True: the prefix blocks' K/V come through tensor descriptors over the flattened
+    (Hkv * max_len, D) caches; a row offset wrong by a head or a block would read other keys. Two
+    KV heads of different content, a prefix that ends inside a block, a split boundary inside it."""
+    gen = torch.Generator().manual_seed(11 + splits)
+    t = 6
+    run_case(t, 8, 2, 64, 300, 201, tree_case("verify", t, t, gen), dtype, splits, gen, tma=True)
+
+
+def test_tma_needs_contiguous_caches():
+    k = torch.randn(2, 64, 64, device=DEVICE)[:, :, :32]  # last dim contiguous, rows 64 apart
+    q = torch.randn(1, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="tma needs contiguous"):
+        tree_attention(q, k, k, 3, torch.ones(1, 1, dtype=torch.bool), 1.0, tma=True)
+
+
 def test_splits_agree_and_noncontiguous_q():
     """q as a strided view of a fused qkv buffer; 1, 2 and 7 splits give the same answer."""
     gen = torch.Generator().manual_seed(3)
@@ -309,6 +327,13 @@ def test_choose_config_rules():
     assert (c.block_m, c.num_warps) == (16, 4)
     # ...and 2 stages with 512 programs (kernels_2026-12-03e: 3 stages 38.8 µs), 3 with 192
     assert (c.num_splits, c.num_stages) == (32, 2)
+    # ...and TMA K/V loads there, 128 MiB of 16-row reads (kernels_tiles_2026-12-03j: 30.8 µs, 33.8
+    # without); not at 4 MiB (8/1 kv 1024 q16: 7.6 with, 7.5 without), not for wider tiles or float32
+    assert c.tma and not choose_config(8, 32, 8, 128, 16384, 2, 132, tma=False).tma
+    assert not choose_config(16, 8, 1, 128, 1024, 2, 132).tma
+    assert not choose_config(64, 32, 8, 128, 16384, 2, 132).tma
+    assert not choose_config(8, 32, 8, 128, 16384, 4, 132).tma
+    assert not choose_config(8, 32, 8, 128, 16384, 2, 132, rule="legacy").tma
     assert choose_config(1, 32, 8, 128, 16384, 2, 132).num_stages == 3
     c = choose_config(12, 32, 8, 128, 1024, 2, 132, max_block_m=64)  # earlier tiles: 48 rows BLOCK_M 64, 8 warps
     assert (c.block_m, c.num_warps) == (64, 8)
@@ -467,6 +492,15 @@ def test_gpu_shapes(t, hq, hkv, d, max_len, prefix, kind, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("t,hq,hkv,d,max_len,prefix", [(64, 32, 8, 128, 16384, 16000), (8, 8, 1, 128, 1100, 1000),
+                                                       (16, 32, 8, 64, 4097, 3000)])
+def test_gpu_tma(t, hq, hkv, d, max_len, prefix):
+    gen = torch.Generator().manual_seed(t + hq + d)
+    run_case(t, hq, hkv, d, max_len, prefix, tree_case("verify", t, t, gen), torch.bfloat16, None, gen, tma=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("block_m,block_n,num_warps,num_stages",
                          [(128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 8, 2), (256, 64, 16, 2)])
 @pytest.mark.parametrize("t,hq,hkv,prefix", [(64, 32, 8, 16000), (128, 8, 1, 900), (16, 32, 8, 5000)])
@@ -479,7 +513,8 @@ def test_gpu_tiles(t, hq, hkv, prefix, block_m, block_n, num_warps, num_stages):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("combine", ["separate", "kernel"])
-def test_gpu_cuda_graph_replay_reads_prefix_from_device(combine):
+@pytest.mark.parametrize("tma", [False, True])
+def test_gpu_cuda_graph_replay_reads_prefix_from_device(combine, tma):
     gen = torch.Generator().manual_seed(1)
     t, hq, hkv, d, max_len = 16, 32, 8, 128, 8192
     q = torch.randn((t, hq, d), generator=gen).bfloat16().cuda()
@@ -490,7 +525,7 @@ def test_gpu_cuda_graph_replay_reads_prefix_from_device(combine):
     out = torch.empty_like(q)
     packed = pack_tree_mask(mask)
     ws = TreeAttentionWorkspace("cuda")
-    kw = {"packed_mask": packed, "out": out, "workspace": ws, "combine": combine}
+    kw = {"packed_mask": packed, "out": out, "workspace": ws, "combine": combine, "tma": tma}
     tree_attention(q, k, v, pl, mask, d**-0.5, **kw)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

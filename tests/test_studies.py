@@ -105,6 +105,14 @@ def test_validation_report_labels_its_weights(tmp_path):
     assert validation.read_report(bare / "report.csv")["source"].iloc[0] == "bare/report.csv"
 
 
+def test_validation_default_is_the_newest_committed_run():
+    """Without -i the study reads the highest-numbered run (run12 after run9, not before it)."""
+    runs = [p.parent.name for p in (Path(__file__).parents[1] / "benchmarks" / "results").glob("validation_h200_run*/report.csv")]
+    newest = max(runs, key=lambda r: int(r.rsplit("run", 1)[1]))
+    assert newest != max(runs)  # string order would pick another run
+    assert validation.load([])["source"].iloc[0].startswith(f"{newest}/report.csv")
+
+
 def test_validation_from_runlog(tmp_path):
     out = validation.main([RUNLOG], tmp_path)
     summary = json.loads((RUNLOG / "summary.json").read_text())

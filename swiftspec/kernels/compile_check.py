@@ -37,7 +37,7 @@ from swiftspec.kernels.tree_attention import TreeAttentionConfig, _tree_attn_ker
 # Hopper's per-block shared memory limit (what Triton compares against: 227 KiB).
 SM90_SHARED_LIMIT = 232448
 
-_POINTERS = ("Q", "K", "V", "PREFIX", "MASKW", "OUT", "PART_ML", "PART_ACC", "COUNTERS")
+_POINTERS = ("Q", "K", "V", "KD", "VD", "PREFIX", "MASKW", "OUT", "PART_ML", "PART_ACC", "COUNTERS")
 _DIVISIBLE = (*_POINTERS, "MAX_LEN", "stride_qt", "stride_qh", "stride_kh", "stride_kn", "stride_vh", "stride_vn",
               "stride_ot", "stride_oh")
 _INTS = ("T", "N", "MAX_LEN", "NUM_SPLITS", "stride_qt", "stride_qh", "stride_kh", "stride_kn", "stride_vh",
@@ -74,13 +74,12 @@ def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]]
     return _in_child("tree_attention", [[dataclasses.asdict(c), d, g] for c, d, g in items], dtype, capability)
 
 
-def gemv_reports(items: Sequence[tuple[DotConfig, bool, bool]], dtype: str = "bf16",
-                 capability: int = 90) -> list[CompileReport]:
-    """Compile the skinny linear's dot kernel once per (cfg, norm, residual) (`gemv.dot_config`;
-    norm: the RMSNorm prologue, residual: with a residual to add) with weights and x in `dtype`."""
+def gemv_reports(items: Sequence[DotConfig], dtype: str = "bf16", capability: int = 90) -> list[CompileReport]:
+    """Compile the skinny linear's dot kernel once per launch shape (`gemv.dot_config`) with weights
+    and x in `dtype`."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return [_gemv_report(cfg, norm, res, dtype, capability) for cfg, norm, res in items]
-    return _in_child("gemv", [[dataclasses.asdict(c), n, r] for c, n, r in items], dtype, capability)
+        return [_gemv_report(cfg, dtype, capability) for cfg in items]
+    return _in_child("gemv", [dataclasses.asdict(c) for c in items], dtype, capability)
 
 
 def _in_child(kernel: str, items: list, dtype: str, capability: int) -> list[CompileReport]:
@@ -94,14 +93,14 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int) -> list[Com
 
 
 @functools.lru_cache(maxsize=256)
-def _gemv_report(cfg: DotConfig, norm: bool, residual: bool, dtype: str, capability: int) -> CompileReport:
+def _gemv_report(cfg: DotConfig, dtype: str, capability: int) -> CompileReport:
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
-    pointers = ("X", "W", "S", "B", "Y", "P", "RES", "G", "NEW_RES")
-    ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r")
+    pointers = ("X", "W", "S", "B", "Y", "P")
+    ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y")
     constexprs = {"HAS_BIAS": False, "HAS_SCALE": False, "IEEE": dtype == "fp32", "UPCAST": False, "F16": False,
-                  "X_F16": False, "SPLIT_K": cfg.split_k, "NORM": norm, "HAS_RES": residual, "BLOCK_M": cfg.block_m,
-                  "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "BLOCK_KN": cfg.block_kn, "PDL": False}
-    signature = {**{p: "*fp32" if p in ("S", "P") else f"*{dtype}" for p in pointers}, "eps": "fp32",
+                  "X_F16": False, "SPLIT_K": cfg.split_k, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                  "BLOCK_K": cfg.block_k, "PDL": False}
+    signature = {**{p: "*fp32" if p in ("S", "P") else f"*{dtype}" for p in pointers},
                  **dict.fromkeys(ints, "i32"), **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in (*pointers, *ints[1:])}  # M (rows) is not
     return _compiled_report(_skinny_dot_kernel, signature, constexprs, attrs, cfg.num_warps, cfg.num_stages,
@@ -115,7 +114,7 @@ def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, cap
                  for n in _POINTERS}
     constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "SPLIT": cfg.num_splits > 1, "IEEE": dtype == "fp32", "DOT_F32": False, "IN_KERNEL_COMBINE": False,
-                  "SPLITS_P2": 1, "PDL": False}
+                  "SPLITS_P2": 1, "PDL": False, "TMA": False}
     signature = {**ptr_types, "scale_log2": "fp32", **dict.fromkeys(_INTS, "i32"),
                  **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in _DIVISIBLE}
@@ -147,7 +146,7 @@ def _compiled_report(fn, signature: dict, constexprs: dict, attrs: dict, num_war
 if __name__ == "__main__":  # the child of tree_attention_reports / gemv_reports under TRITON_INTERPRET=1
     job = json.load(sys.stdin)
     if job["kernel"] == "gemv":
-        reports = gemv_reports([(DotConfig(**c), n, r) for c, n, r in job["items"]], job["dtype"], job["capability"])
+        reports = gemv_reports([DotConfig(**c) for c in job["items"]], job["dtype"], job["capability"])
     else:
         reports = tree_attention_reports([(TreeAttentionConfig(**c), d, g) for c, d, g in job["items"]],
                                          job["dtype"], job["capability"])

@@ -63,17 +63,14 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 
 
 @triton.jit
-def _skinny_dot_kernel(X, W, S, B, Y, P, RES, G, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
-                       HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                       F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, NORM: tl.constexpr,
-                       HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCK_KN: tl.constexpr, PDL: tl.constexpr):
+def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
+                       HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr,
+                       X_F16: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
     # SPLIT_K > 1: program (i, s) sums the s-th K slice into its own float32 partial in P
     # (SPLIT_K, M, N); `_split_sum_kernel` adds them in a fixed order (deterministic, unlike atomics).
-    # NORM: x is replaced by RMSNorm(x (+ RES)) * G as `add_rmsnorm` computes it; every program
-    # first sums the squares of its rows (a pass over x, from L2), program 0 stores x + RES.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ok_n, ok_m = cols < N, rows < M
@@ -82,7 +79,6 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, RES, G, NEW_RES, eps, M, N, K, stride_x
     k_hi = tl.minimum(K, k_lo + k_per)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_first = k_lo
-    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if PDL:
         # The weights are static: start streaming the first tile before waiting for the kernel
         # that writes x, so its DRAM latency overlaps that kernel's tail (see pdl.py).
@@ -91,20 +87,15 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, RES, G, NEW_RES, eps, M, N, K, stride_x
         w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
                     mask=ok_n[:, None] & (ks < k_hi)[None, :], other=0.0)
         grid_sync(PDL)
-        if NORM:
-            rstd = _row_rstd(X, RES, M, K, stride_x, stride_r, eps, HAS_RES, BLOCK_M, BLOCK_KN)
-        xt = _x_tile(X, RES, G, NEW_RES, rstd, ks, rows, (ks < k_hi)[:, None] & ok_m[None, :], K, stride_x,
-                     stride_r, NORM, HAS_RES)
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=(ks < k_hi)[:, None] & ok_m[None, :], other=0.0)
         acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
-    elif NORM:
-        rstd = _row_rstd(X, RES, M, K, stride_x, stride_r, eps, HAS_RES, BLOCK_M, BLOCK_KN)
     for k0 in range(k_first, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         ok_k = ks < k_hi
         w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & ok_k[None, :],
                     other=0.0)  # (BLOCK_N, BLOCK_K)
-        xt = _x_tile(X, RES, G, NEW_RES, rstd, ks, rows, ok_k[:, None] & ok_m[None, :], K, stride_x, stride_r,
-                     NORM, HAS_RES)  # (BLOCK_K, BLOCK_M)
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
+                     other=0.0)  # (BLOCK_K, BLOCK_M)
         acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
     if HAS_SCALE:  # fp8 weights: one scale per weight row (output column), constant over K
         acc *= tl.load(S + cols, mask=ok_n, other=0.0)[:, None]
@@ -117,40 +108,6 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, RES, G, NEW_RES, eps, M, N, K, stride_x
     else:
         tl.store(P + tl.program_id(1) * M * N + rows[None, :] * N + cols[:, None], acc,
                  mask=ok_n[:, None] & ok_m[None, :])
-
-
-@triton.jit
-def _row_rstd(X, RES, M, K, stride_x, stride_r, eps, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_KN: tl.constexpr):
-    """(BLOCK_M,) float32 1 / sqrt(mean(h^2) + eps) of each row h = x (+ res) rounded to x's dtype."""
-    rows = tl.arange(0, BLOCK_M)
-    sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_KN):
-        ks = k0 + tl.arange(0, BLOCK_KN)
-        ok = (rows < M)[:, None] & (ks < K)[None, :]
-        h = tl.load(X + rows[:, None] * stride_x + ks[None, :], mask=ok, other=0.0)
-        if HAS_RES:
-            r = tl.load(RES + rows[:, None] * stride_r + ks[None, :], mask=ok, other=0.0)
-            h = (h.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-        hf = h.to(tl.float32)
-        sq += tl.sum(hf * hf, axis=1)
-    return tl.rsqrt(sq / K + eps)
-
-
-@triton.jit
-def _x_tile(X, RES, G, NEW_RES, rstd, ks, rows, ok, K, stride_x, stride_r, NORM: tl.constexpr, HAS_RES: tl.constexpr):
-    """(BLOCK_K, BLOCK_M) x.T tile; NORM: of RMSNorm(x (+ res)) * G, rounded where `add_rmsnorm` rounds."""
-    xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)
-    if NORM:
-        if HAS_RES:
-            r = tl.load(RES + rows[None, :] * stride_r + ks[:, None], mask=ok, other=0.0)
-            xt = (xt.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-            if tl.program_id(0) == 0:  # one program stores the new residual (the prologue needs split_k 1)
-                tl.store(NEW_RES + rows[None, :] * stride_r + ks[:, None], xt, mask=ok)
-        y = (xt.to(tl.float32) * rstd[None, :]).to(X.dtype.element_ty)
-        g = tl.load(G + ks, mask=ks < K, other=0.0)
-        xt = (y.to(tl.float32) * g.to(tl.float32)[:, None]).to(X.dtype.element_ty)
-    return xt
 
 
 @triton.jit
@@ -199,19 +156,18 @@ def _interpreted_bf16(dtype: torch.dtype) -> bool:
 @dataclass(frozen=True)
 class DotConfig:
     """Launch shape of the dot kind: token rows padded to block_m, block_n weight rows and block_k of
-    K per step, block_kn of K per step of the norm prologue's sum of squares."""
+    K per step."""
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
     split_k: int
-    block_kn: int
 
 
 def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool = False, pdl: bool = False,
-               norm: bool = False, residual: bool = False, block_n: int | None = None, block_k: int | None = None,
-               num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None) -> DotConfig:
+               block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+               num_stages: int | None = None, split_k: int | None = None) -> DotConfig:
     """The dot kind's launch shape for x (m, k) @ w (n, k).T, w_bytes / x_bytes per element; None
     arguments take the measured defaults below (`gemv` passes its overrides through)."""
     bm = max(16, triton.next_power_of_2(m))
@@ -231,14 +187,11 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
         # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
         bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
     num_warps, split_k = num_warps or 4, min(split_k or 1, triton.cdiv(k, bk))
-    # one weight tile + one x tile (+ a residual tile and a norm-weight slice with the norm prologue:
-    # the pipeliner buffers those loads too; compiled for sm_90, 5 stages of 256-wide K steps then
-    # need 239616 bytes, over Hopper's 232448)
-    stage_bytes = (bn * w_bytes + bm * x_bytes * (2 if residual else 1)) * bk + (bk * x_bytes if norm else 0)
+    stage_bytes = (bn * w_bytes + bm * x_bytes) * bk  # one weight tile + one x tile
     # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
     room = SHARED_BYTES - (stage_bytes if pdl else 0)
     num_stages = num_stages or max(1, min(5, room // stage_bytes))
-    return DotConfig(bm, bn, bk, num_warps, num_stages, split_k, max(64, 4096 // bm))
+    return DotConfig(bm, bn, bk, num_warps, num_stages, split_k)
 
 
 def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) -> tuple[int, int, int]:
@@ -252,9 +205,7 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          scale: torch.Tensor | None = None, block_n: int | None = None, block_k: int | None = None,
          num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None,
-         x_f16: bool = False, kind: str = "dot", pdl: bool = False, norm_weight: torch.Tensor | None = None,
-         residual: torch.Tensor | None = None, eps: float = 1e-6,
-         residual_out: torch.Tensor | None = None) -> torch.Tensor:
+         x_f16: bool = False, kind: str = "dot", pdl: bool = False) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 256 (MAX_ROWS_DOT) with kind "dot", M <= 16 (MAX_ROWS) with "fma"; the model uses it up to
@@ -278,15 +229,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     the GPU. kind "fma": broadcast multiply + sum in float32 (no tensor cores; block_n 16 and 8192
     products per K step). pdl: launch as a programmatic dependent launch (`swiftspec.kernels.pdl`;
     Hopper GPUs); the dot kind then loads its first weight tile before waiting for the previous kernel.
-
-    norm_weight (K,): the input is RMSNorm(x + residual) * norm_weight instead of x, computed as
-    `kernels.rmsnorm.add_rmsnorm` computes it (same roundings), so y equals
-    gemv(add_rmsnorm(x, residual, norm_weight, eps)[0], weight, bias) with one launch fewer, up to
-    the summation order of the mean of squares (float32: ~3e-7 relative at K 4096; bf16: rare
-    1-ulp flips); residual (M, K) or None; residual_out (M, K, contiguous) receives x + residual (needed
-    when residual is given). Each program first sums its rows' squares (a pass over x and residual,
-    from L2). Kind "dot", weights in x's dtype, split_k 1 (not measured on a GPU yet: opt-in,
-    `Transformer.set_linear(..., fold_norm=True)`).
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -306,27 +248,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"bias must be ({n},), got {tuple(bias.shape)}")
     if split_k is not None and (split_k < 1 or kind != "dot"):
         raise ValueError(f"split_k must be >= 1 and needs kind 'dot', got {split_k} with kind {kind!r}")
-    norm = norm_weight is not None
-    if norm:
-        if kind != "dot" or fp8 or (split_k or 1) != 1 or x_f16:
-            raise ValueError("norm_weight needs kind 'dot', weights in x's dtype and split_k 1")
-        if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype or x.stride(0) != k:
-            raise ValueError(f"norm_weight must be ({k},) {x.dtype} and x contiguous")
-        if (residual is None) != (residual_out is None):
-            raise ValueError("residual and residual_out go together")
-        for t in (residual, residual_out):
-            if t is not None and (t.shape != x.shape or t.dtype != x.dtype or not t.is_contiguous()):
-                raise ValueError(f"residual and residual_out must be contiguous {tuple(x.shape)} {x.dtype}")
-    elif residual is not None or residual_out is not None:
-        raise ValueError("residual needs norm_weight")
     check_pdl(pdl, x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     if kind == "dot":
-        cfg = dot_config(m, n, k, weight.element_size(), x.element_size(), fp8=fp8, pdl=pdl, norm=norm,
-                         residual=residual is not None, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                         num_stages=num_stages, split_k=split_k)
+        cfg = dot_config(m, n, k, weight.element_size(), x.element_size(), fp8=fp8, pdl=pdl, block_n=block_n,
+                         block_k=block_k, num_warps=num_warps, num_stages=num_stages, split_k=split_k)
         bm, bn, bk, split_k = cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
         upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
         ieee = x.dtype == torch.float32 or upcast
@@ -335,13 +263,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         if x_f16 and x.dtype != torch.float16:  # as `_dot` converts it, once for all programs
             x = x.float().clamp(-65504.0, 65504.0).to(torch.float16)
         part = y if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-        res = residual if residual is not None else x
         _skinny_dot_kernel[(triton.cdiv(n, bn), split_k)](
-            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, res,
-            norm_weight if norm else x, residual_out if residual_out is not None else x, float(eps), m, n, k,
-            x.stride(0), weight.stride(0), y.stride(0), res.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8,
-            IEEE=ieee, UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, NORM=norm, HAS_RES=residual is not None,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_KN=cfg.block_kn, PDL=pdl,
+            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, m, n, k, x.stride(0),
+            weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee, UPCAST=upcast,
+            F16=f16, X_F16=x_f16, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )
         if split_k > 1:

@@ -78,6 +78,9 @@ _MAX_SPLITS = 64
 # BLOCK_M 16 above 32 rows while its K/V reads (one per 16-row tile) stay below this: measured <= 16 MiB
 # wins, >= 32 MiB losses or ties (H200; `choose_config`)
 NARROW_TILE_MAX_BYTES = 24 << 20
+# 16-row tiles read the prefix K/V through TMA descriptors from this many bytes of such reads on
+# (H200, kernels_tiles_2026-12-03j: 64-128 MiB 5-9 % faster, 4 MiB 2 % slower; `choose_config`)
+TMA_MIN_BYTES = 32 << 20
 
 
 @triton.jit
@@ -154,15 +157,18 @@ def pack_tree_mask_ref(tree_mask: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _tree_attn_kernel(
-    Q, K, V, PREFIX, MASKW, OUT, PART_ML, PART_ACC, COUNTERS,
+    Q, K, V, KD, VD, PREFIX, MASKW, OUT, PART_ML, PART_ACC, COUNTERS,
     scale_log2, T, N, MAX_LEN, NUM_SPLITS,
     stride_qt, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
     stride_mt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
-    IN_KERNEL_COMBINE: tl.constexpr, SPLITS_P2: tl.constexpr, PDL: tl.constexpr,
+    IN_KERNEL_COMBINE: tl.constexpr, SPLITS_P2: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr,
 ):
     """Program (row tile, kv head, split): attention of BLOCK_M rows over one split of the keys.
+
+    TMA: the prefix blocks' K and V come through tensor descriptors KD / VD over the (Hkv * MAX_LEN,
+    D) caches (block (BLOCK_N, D)): the copy engine computes the addresses, not the warps.
 
     IN_KERNEL_COMBINE (with SPLIT): the last split to finish for its (row tile, kv head) merges all
     splits' partials and writes the output; COUNTERS[pid_m * Hkv + kvh] (int32, zero on entry)
@@ -210,11 +216,17 @@ def _tree_attn_kernel(
     # Prefix blocks: every row sees every key.
     for start in range(lo, end_full, BLOCK_N):
         cols = start + offs_n
-        k = tl.load(k_base + cols[None, :] * stride_kn)
+        if TMA:
+            k = tl.trans(KD.load([kvh * MAX_LEN + start, 0]))
+        else:
+            k = tl.load(k_base + cols[None, :] * stride_kn)
         if DOT_F32:
             k = k.to(tl.float32)
         p, alpha, m_i, l_i = _online_softmax(_dot(q, k, IEEE), m_i, l_i, scale_log2)
-        v = tl.load(v_base + cols[:, None] * stride_vn)
+        if TMA:
+            v = VD.load([kvh * MAX_LEN + start, 0])
+        else:
+            v = tl.load(v_base + cols[:, None] * stride_vn)
         if DOT_F32:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
@@ -392,7 +404,8 @@ class TreeAttentionConfig:
     """Launch shape of one tree-attention call (all derived from tensor shapes, never from data).
 
     block_m: rows (query × group) per program; block_n: keys per iteration; num_splits: programs
-    along the key axis (1 = no partials, no combine).
+    along the key axis (1 = no partials, no combine); tma: the prefix blocks' K/V come through TMA
+    tensor descriptors (contiguous caches only).
     """
 
     block_m: int
@@ -400,6 +413,7 @@ class TreeAttentionConfig:
     num_splits: int
     num_warps: int = 4
     num_stages: int = 2
+    tma: bool = False
 
 
 _SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -517,6 +531,7 @@ def choose_config(
     num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
     *, rule: str = "model", num_stages: int | None = None, combine: str = "separate",
     cost: SplitCostModel | None = None, num_warps: int | None = None, max_block_m: int = 128,
+    tma: bool | None = None,
 ) -> TreeAttentionConfig:
     """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
 
@@ -526,6 +541,8 @@ def choose_config(
     runs 8. max_block_m < 128 or rule="legacy" keep the earlier tiles for A/B runs: BLOCK_M 16..64
     (next power of two) with 8 warps at 64, BLOCK_N 128 at D 64. float32 and other head dims keep
     those too.
+    tma (None = the rule): 16-row tiles at D 128 read the prefix K/V through TMA descriptors once
+    their K/V reads reach `TMA_MIN_BYTES`.
     rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 with the
     model fitted to the measured H200 sweep of the combine mode (`SPLIT_COST[combine]`, or `cost`
     when given; see `SplitCostModel`). rule="legacy": the first heuristic, kept so the
@@ -555,8 +572,8 @@ def choose_config(
         # it at all 10 shapes (BLOCK_M 32 4-38 % slower); above, it won where these reads are
         # <= 16 MiB (6 shapes) and lost or tied from 32 MiB (5; D 128: 8/1 kv 1024 q8 11.0 -> 7.3 µs,
         # q64 12.4 -> 9.8, 32/8 kv 1024 q16 11.9 -> 10.2; 8/1 kv 4096 q64, 64 MiB: 15.7 µs at
-        # BLOCK_M 128, 18.1 at 16). Above 32 rows at D 64 it is unmeasured but for one shape, where
-        # it lost (kv 16384 q16, 128 MiB).
+        # BLOCK_M 128, 18.1 at 16). Above 32 rows at D 64 it lost at all 4 shapes measured, from
+        # 2 MiB on (kv 1024 q16 8.7 vs 8.0 µs at BLOCK_M 64, q64 15.2 vs 11.3: kernels_tiles_2026-12-03k).
         narrow_bytes = triton.cdiv(rows, 16) * hkv * max_len * d * 2 * elem_bytes
         if rows <= 32 or (d == 128 and narrow_bytes <= NARROW_TILE_MAX_BYTES):
             bm = 16
@@ -599,8 +616,15 @@ def choose_config(
         programs = triton.cdiv(rows, bm) * hkv * int(num_splits)
         if bm == 16 and swept and programs > 2 * num_sms:
             num_stages = 2
+    if tma is None:
+        # TMA takes the address arithmetic off the 4 warps of a 16-row program; it pays where many such
+        # programs stream a long prefix (kernels_tiles_2026-12-03j, D 128, same tile and splits:
+        # 32/8 kv 16384 q8 33.8 -> 30.8 µs, 32/8 kv 1024 q64 18.9 -> 18.0; 8/1 kv 1024 q16, 4 MiB of
+        # reads: 7.5 -> 7.6). 128-row tiles were 0-4 % slower with it.
+        reads = triton.cdiv(rows, 16) * hkv * max_len * d * 2 * elem_bytes
+        tma = swept and bm == 16 and d == 128 and reads >= TMA_MIN_BYTES
     return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps,
-                               num_stages=num_stages)
+                               num_stages=num_stages, tma=bool(tma))
 
 
 class TreeAttentionWorkspace:
@@ -647,6 +671,7 @@ def tree_attention(
     num_warps: int | None = None,
     max_block_m: int = 128,
     pdl: bool = False,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
 
@@ -671,6 +696,9 @@ def tree_attention(
                      (one memset launch)
         rule:        num_splits rule when num_splits is None: "model" or "legacy" (`choose_config`)
         pdl:         programmatic dependent launch of every launch (`swiftspec.kernels.pdl`; Hopper)
+        tma:         read the prefix blocks' K/V through TMA tensor descriptors (Hopper; contiguous
+                     caches); None: `choose_config`'s rule, which falls back to plain loads for
+                     non-contiguous caches
     Returns:
         (T, Hq, D), dtype of q (`out` when given); float32 softmax and accumulation.
     Launches: pack (unless packed_mask), attention, and with num_splits > 1 either the combine
@@ -706,7 +734,7 @@ def tree_attention(
     group = hq // hkv
     cfg = choose_config(
         t, hq, hkv, d, max_len, k_cache.element_size(), _num_sms(device), num_splits, block_m, block_n,
-        rule=rule, num_stages=num_stages, combine=combine, num_warps=num_warps, max_block_m=max_block_m,
+        rule=rule, num_stages=num_stages, combine=combine, num_warps=num_warps, max_block_m=max_block_m, tma=tma,
     )
     rows = t * group
     m_tiles = triton.cdiv(rows, cfg.block_m)
@@ -730,8 +758,16 @@ def tree_attention(
     else:
         counters = out  # unused
     scale_log2 = float(scale) * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    kd, vd = k_cache, v_cache  # unused without tma
+    use_tma = cfg.tma and k_cache.is_contiguous() and v_cache.is_contiguous()
+    if tma and not use_tma:
+        raise ValueError("tma needs contiguous k_cache and v_cache")
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        kd, vd = (TensorDescriptor.from_tensor(c.view(hkv * max_len, d), [cfg.block_n, d]) for c in (k_cache, v_cache))
     _tree_attn_kernel[(m_tiles, hkv, cfg.num_splits)](
-        q, k_cache, v_cache, prefix, packed_mask, out, part_ml, part_acc, counters,
+        q, k_cache, v_cache, kd, vd, prefix, packed_mask, out, part_ml, part_acc, counters,
         scale_log2, t, n, max_len, cfg.num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         packed_mask.stride(0), out.stride(0), out.stride(1),
@@ -739,7 +775,7 @@ def tree_attention(
         SPLIT=split, IEEE=ieee or dot_f32, DOT_F32=dot_f32,
         # SPLITS_P2 only shapes the in-kernel merge: 1 otherwise, so split counts share one compile.
         IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits) if in_kernel else 1, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
+        TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
     )
     if split and not in_kernel:
         _combine_kernel[(rows, hkv)](

@@ -182,15 +182,12 @@ class Transformer(nn.Module):
         self.set_linear("torch")
         self.set_pdl(False)
 
-    def set_linear(self, impl: str, max_rows: int | None = None, fold_norm: bool = False) -> None:
+    def set_linear(self, impl: str, max_rows: int | None = None) -> None:
         """How the GEMMs run: "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny-linear
         kernel `swiftspec.kernels.gemv` for forwards of at most `max_rows` tokens (a pure weight
         stream; default `gemv.MAX_ROWS`, 16, the rows it was measured at; up to `gemv.MAX_ROWS_DOT`
         for A/B runs), `F.linear` above that. fp8 weights take it for every forward up to
-        `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a captured graph holds one.
-        fold_norm (with fusion "triton", native weights): where the skinny linear runs, the residual
-        add + RMSNorm before the qkv, gate/up and LM-head GEMMs happens inside the GEMM's launch
-        (`gemv(norm_weight=...)`), one launch fewer each; not yet measured on a GPU, so off."""
+        `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a captured graph holds one."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
         self._gemv, self._gemv_rows, self._gemv_fp8_rows = None, 0, 0
@@ -203,9 +200,7 @@ class Transformer(nn.Module):
             if not 1 <= rows <= MAX_ROWS_DOT:
                 raise UserError(f"max_rows must be in 1..{MAX_ROWS_DOT}, got {rows}")
             self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, rows, MAX_ROWS_FP8
-        elif fold_norm:
-            raise UserError("fold_norm needs linear 'triton' (the skinny linear applies the norm)")
-        self.linear, self.fold_norm = impl, bool(fold_norm)
+        self.linear = impl
 
     def set_gemm_weight(self, owner: nn.Module, name: str, w: torch.Tensor) -> None:
         """Write GEMM weight `name` of `owner` (a Layer, or the model for "lm_head") from `w` (N, K);
@@ -294,18 +289,19 @@ class Transformer(nn.Module):
             # split-KV combine counters shared by every layer: no memset launch per layer
             self._workspace = TreeAttentionWorkspace(self.device)
 
-    def set_attention(self, impl: str, combine: str = ATTENTION_COMBINE, max_block_m: int = 128) -> None:
+    def set_attention(self, impl: str, combine: str = ATTENTION_COMBINE, max_block_m: int = 128,
+                      tma: bool | None = None) -> None:
         """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
         (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`, whose
         split-KV partials are merged by `combine` ("separate": a second launch, the default;
         "kernel": inside the attention launch); max_block_m 64 keeps its tiles of before the
-        2026-12-03 tile sweep (benchmarks' A/B runs)."""
+        2026-12-03 tile sweep and tma=False its plain K/V loads (benchmarks' A/B runs)."""
         if impl not in ATTENTION_IMPLS:
             raise UserError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         if combine not in ("separate", "kernel"):
             raise UserError(f"combine must be 'separate' or 'kernel', got {combine!r}")
         self.attn_combine = combine
-        self.attn_max_block_m = max_block_m
+        self.attn_max_block_m, self.attn_tma = max_block_m, tma
         self._kernel = self._pack = None
         if impl == "triton":
             try:
@@ -365,8 +361,8 @@ class Transformer(nn.Module):
         nq, nkv = sh.q_heads * hd, sh.kv_heads * hd
         x = self.embed[tokens]
         if self._fused_ops is not None:
-            local = self._layers_triton(x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed)
-            return self._gather_logits(local.float())
+            x = self._layers_triton(x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed)
+            return self._gather_logits(self._lin(x, self.lm_head, None, self.lm_head_scale).float())
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm, spec.rms_eps)
             qkv = self._lin(h, layer.wqkv, layer.bqkv, layer.wqkv_scale)
@@ -391,38 +387,28 @@ class Transformer(nn.Module):
         if self._kernel is not None:
             ws = {"workspace": self._workspace} if self._workspace is not None else {}
             return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, pdl=self.pdl,
-                                combine=self.attn_combine, max_block_m=self.attn_max_block_m, **ws)
+                                combine=self.attn_combine, max_block_m=self.attn_max_block_m, tma=self.attn_tma,
+                                **ws)
         return tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
 
     def _layers_triton(self, x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed):
-        """The decoder layers, the final norm and the LM head with fusion "triton": per layer
-        add+RMSNorm, qkv GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up,
-        down GEMM. Each residual add is folded into the next norm (the last into the final norm), so
-        the arithmetic is that of the eager loop above; with `fold_norm` each add+RMSNorm runs inside
-        the GEMM after it (`_norm_lin`). x: (T, hidden) embeddings -> (T, vocab_local) logits."""
-        _, rope_kv, act = self._fused_ops
+        """The decoder layers and the final norm with fusion "triton": per layer add+RMSNorm, qkv
+        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM.
+        Each residual add is folded into the next norm (the last into the final norm), so the
+        arithmetic is that of the eager loop above. x: (T, hidden) embeddings -> (T, hidden) normed."""
+        add_rmsnorm, rope_kv, act = self._fused_ops
         spec, sh, t, pdl = self.spec, self.shard, x.shape[0], self.pdl
         nq = sh.q_heads * spec.head_dim
-        res = None  # the residual stream; x: what the next norm adds to it
+        norms = [layer.attn_norm for layer in self.layers] + [self.norm]
+        h, res = add_rmsnorm(x, None, norms[0], spec.rms_eps, pdl=pdl)
         for i, layer in enumerate(self.layers):
             kc, vc = cache.k[i], cache.v[i]
-            qkv, res = self._norm_lin(x, res, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wqkv_scale)
+            qkv = self._lin(h, layer.wqkv, layer.bqkv, layer.wqkv_scale)
             q = rope_kv(qkv, cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads, pdl=pdl)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
             o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_scale))
-            gate_up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_scale)
-            x = self._all_reduce(self._lin(act(gate_up, pdl=pdl), layer.w2, None, layer.w2_scale))
-        return self._norm_lin(x, res, self.norm, self.lm_head, None, self.lm_head_scale)[0]
-
-    def _norm_lin(self, x, res, norm_w, w, b, scale) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(RMSNorm(x + res) * norm_w), x + res): with `fold_norm` in one skinny-linear launch
-        where it runs (native weights, <= its rows), else add_rmsnorm then `_lin`. res None: x alone."""
-        eps, pdl = self.spec.rms_eps, self.pdl
-        if self.fold_norm and scale is None and x.shape[0] <= self._gemv_rows:
-            x = x.contiguous()
-            new_res = torch.empty_like(x) if res is not None else x
-            y = self._gemv(x, w, b, kind="dot", pdl=pdl, norm_weight=norm_w, residual=res, eps=eps,
-                           residual_out=new_res if res is not None else None)
-            return y, new_res
-        h, new_res = self._fused_ops[0](x, res, norm_w, eps, pdl=pdl)
-        return self._lin(h, w, b, scale), new_res
+            h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps, pdl=pdl)
+            up = act(self._lin(h, layer.w13, None, layer.w13_scale), pdl=pdl)
+            down = self._all_reduce(self._lin(up, layer.w2, None, layer.w2_scale))
+            h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps, pdl=pdl)
+        return h

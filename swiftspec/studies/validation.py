@@ -13,6 +13,7 @@ run logs (benchmarks/results/*runlog*).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -98,12 +99,18 @@ def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
     return df
 
 
+def _name_order(path: Path) -> list:
+    """Sort key: the path's text with each run of digits compared as a number."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", str(path))]
+
+
 def load(inputs: Sequence[str | Path]) -> pd.DataFrame:
     paths = [Path(p) for p in inputs]
     if not paths:
         d = results_dir()
-        # by name (checkouts do not keep mtimes): validation_h200_run3 after validation_h200
-        reports = sorted([*d.glob("validation*.csv"), *d.glob("validation*/report.csv")], key=lambda p: str(p)) \
+        # by name, numbers as numbers (checkouts do not keep mtimes): validation_h200_run12 after
+        # validation_h200_run9, and validation_h200_run3 after validation_h200
+        reports = sorted([*d.glob("validation*.csv"), *d.glob("validation*/report.csv")], key=_name_order) \
             if d.is_dir() else []
         paths = reports[-1:] or (sorted(p.parent for p in d.glob("*runlog*/summary.json")) if d.is_dir() else [])
         if not paths:
