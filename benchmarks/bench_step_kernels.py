@@ -22,7 +22,10 @@ a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set
 combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
 tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where
 the tile rule takes TMA (`tma=False`); a "+gemvN" suffix (e.g. triton+gemv64)
-runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`); a "+fp8" suffix runs a second copy of
+runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`); "+foldnorm"
+runs each add+RMSNorm inside the skinny linear after it (`set_linear(..., fold_norm=True)`; the norm
+weights are then folded into the GEMM weights before any mode runs, so every mode runs the same
+model); a "+fp8" suffix runs a second copy of
 the model with weight-only fp8 GEMM weights (`load_model(weight_format="fp8")`; with "gemv" the
 fp8 skinny linear runs every forward) against its own floor (`bytes_read` of the fp8 spec); its
 logits differ from "off" by the quantization.
@@ -219,6 +222,8 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
                           num_layers=args.layers, weight_format=fmt)  # fmt: skip
 
     native = load("native")
+    if any("foldnorm" in f.split("+") for f in args.fusions):
+        native.fold_norms()  # before any mode is captured, so every mode runs the same (folded) weights
     fp8_model = None  # loaded on first use of a "+fp8" mode: weight-only fp8, the same random weights quantized
     spec, rows, logits = native.spec, [], {}
 
@@ -231,7 +236,8 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
         model = fp8_model if "fp8" in extras else native
         model.set_fusion(fu)
         gemv_rows = next((int(e[4:]) for e in extras if e.startswith("gemv") and e[4:].isdigit()), None)
-        model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows)
+        model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows,
+                         fold_norm="foldnorm" in extras)
         if model.attention == "triton":
             model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
                                 max_block_m=64 if "bm64" in extras else 128, tma=False if "notma" in extras else None)
@@ -395,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch, +kernelcombine (tree attention's"
                          " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +notma (no TMA K/V loads), +gemvN (skinny linear up to N"
-                         " tokens instead of 16) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
+                         " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
     ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,
                     help=f"GEMMs-alone table: the skinny linear too for up to this many tokens (default {MAX_ROWS},"
                          f" at most {MAX_ROWS_DOT})")

@@ -76,7 +76,7 @@ def test_paired_alternates_every_step(make_checkpoint, tmp_path):
     timings and its ratio to the first fusion (1 for the first itself), and the outputs agree."""
     ckpt = make_checkpoint("llama")
     bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,4", "--kv", "16",
-                             "--fusions", "off,triton,triton+gemv", "--reps", "3", "--paired", "--no-kernels",
+                             "--fusions", "off,triton,triton+gemv+foldnorm", "--reps", "3", "--paired", "--no-kernels",
                              "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
     rows = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv")))
     paired = rows.query("kind == 'paired'")

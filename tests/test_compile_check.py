@@ -50,9 +50,10 @@ def test_every_default_launch_shape_fits_sm90():
 
 
 def test_skinny_linear_launches_fit_sm90():
-    """Every dot-kind launch the model makes at 1-16 rows on the bundled models' TP 1-8 shards
-    compiles for sm_90 within its shared memory and without spills; the stage rule is what keeps it
-    there (the same 256-wide K steps at 7 stages would need more than the 232448-byte limit)."""
+    """Every dot-kind launch the model makes at 1-16 rows on the bundled models' TP 1-8 shards,
+    plain and (before qkv, gate/up and the LM head) as the RMSNorm kind with a residual, compiles
+    for sm_90 within its shared memory and without spills. The stage rule counts the residual tile
+    (4 stages of 256-wide K steps there; 6 would not fit, so the check can fail)."""
     from swiftspec.kernels.gemv import dot_config
 
     launches = set()
@@ -61,15 +62,16 @@ def test_skinny_linear_launches_fit_sm90():
         for tp in (1, 2, 4, 8):
             sh = spec.shard(tp)
             qkv = (sh.q_heads + 2 * sh.kv_heads) * spec.head_dim
-            shapes = [(qkv, spec.hidden), (spec.hidden, sh.q_heads * spec.head_dim), (2 * sh.ffn, spec.hidden),
-                      (spec.hidden, sh.ffn), (sh.vocab, spec.hidden)]
+            shapes = [(qkv, spec.hidden, True), (spec.hidden, sh.q_heads * spec.head_dim, False),
+                      (2 * sh.ffn, spec.hidden, True), (spec.hidden, sh.ffn, False), (sh.vocab, spec.hidden, True)]
             for m in (1, 4, 16):
-                for n, k in shapes:
-                    launches.add(dot_config(m, n, k, 2, 2))
+                for n, k, normed in shapes:
+                    for rms in (False, True) if normed else (False,):
+                        launches.add((dot_config(m, n, k, 2, 2, residual=rms), rms))
     items = sorted(launches, key=str)
-    assert any(cfg.block_k == 256 for cfg in items)
+    assert any(cfg.block_k == 256 and rms for cfg, rms in items)  # 256-wide steps with a residual occur
     for item, r in zip(items, compile_check.gemv_reports(items), strict=True):
         assert r.fits and r.spill_bytes == 0, (item, r)
-    wide = next(cfg for cfg in items if cfg.block_k == 256)
-    seven = compile_check.gemv_reports([DotConfig(**{**wide.__dict__, "num_stages": 7})])[0]
-    assert seven.shared_bytes > compile_check.SM90_SHARED_LIMIT and not seven.fits
+    cfg = dot_config(1, 1280, 8192, 2, 2, residual=True)  # 70B TP-8 qkv
+    six = compile_check.gemv_reports([(DotConfig(**{**cfg.__dict__, "num_stages": 6}), True)])[0]
+    assert cfg.num_stages == 4 and six.shared_bytes > compile_check.SM90_SHARED_LIMIT and not six.fits

@@ -103,6 +103,34 @@ def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, lin
 
 
 @cpu_interpreted
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fold_norm_matches_off(make_checkpoint, name):
+    """set_linear("triton", fold_norm=True): the norm weights folded into the GEMMs after them
+    (a tied LM head gets its own copy, the embedding stays), and every add+RMSNorm of the <= 16-token
+    steps runs inside the next skinny-linear launch (the 20-token prefill keeps add_rmsnorm); logits
+    and cache equal the unfolded eager model's to 1e-5; without linear "triton" it is refused."""
+    arch, overrides = CONFIGS[name]
+    path = make_checkpoint(arch, **overrides)
+    ref, ref_cache = steps(load_model(path), 11)
+    model = load_model(path)
+    model.set_fusion("triton")
+    model.set_linear("triton", fold_norm=True)
+    norms, folded = [], []
+    add_rmsnorm, rope, act = model._fused_ops
+    model._fused_ops = (lambda x, *a, **kw: norms.append(x.shape[0]) or add_rmsnorm(x, *a, **kw), rope, act)
+    kernel = model._gemv
+    model._gemv = lambda x, *a, **kw: (kw.get("rms_eps") is not None and folded.append(x.shape[0])) or kernel(x, *a, **kw)
+    got, got_cache = steps(model, 11)
+    layers = model.spec.num_layers
+    assert norms == [20] * (2 * layers + 1) and folded == [9] * (2 * layers + 1) + [3] * (2 * layers + 1)
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 1e-5
+    assert rel_err(got_cache.kv, ref_cache.kv) <= 1e-5
+    with pytest.raises(UserError, match="fold_norm needs linear 'triton'"):
+        model.set_linear("torch", fold_norm=True)
+
+
+@cpu_interpreted
 def test_skinny_linear_up_to_max_rows(make_checkpoint):
     """set_linear("triton", max_rows=32): the 20-token prefill takes the skinny linear too, and the
     logits still equal the eager model's; max_rows outside 1..256 is one clear error."""
@@ -171,14 +199,16 @@ def test_set_fusion_modes(make_checkpoint):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("attention,linear,pdl", [("torch", "torch", "off"), ("triton", "torch", "off"),
-                                                  ("triton", "triton", "off"), ("triton", "triton", "on")])
+                                                  ("triton", "triton", "off"), ("triton", "triton", "on"),
+                                                  ("triton", "triton+foldnorm", "off"), ("triton", "triton+foldnorm", "on")])
 def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention, linear, pdl):
     from swiftspec.runtime.graphs import GraphRunner
 
     path = make_checkpoint("llama")
     ref_model = load_model(path, device="cuda", attention=attention, fusion="off", linear="torch")
-    model = load_model(path, device="cuda", attention=attention, linear=linear, pdl=pdl)
+    model = load_model(path, device="cuda", attention=attention, linear=linear.split("+")[0], pdl=pdl)
     model.set_fusion("triton")
+    model.set_linear(model.linear, fold_norm=linear.endswith("+foldnorm"))
     gen = torch.Generator().manual_seed(5)
     mask, depth = tree(11, gen)
     toks = torch.randint(0, 256, (11,), generator=gen)

@@ -63,14 +63,18 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 
 
 @triton.jit
-def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl.constexpr,
-                       HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr,
-                       X_F16: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _skinny_dot_kernel(X, W, S, B, Y, P, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
+                       HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                       F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
+                       HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
     # SPLIT_K > 1: program (i, s) sums the s-th K slice into its own float32 partial in P
     # (SPLIT_K, M, N); `_split_sum_kernel` adds them in a fixed order (deterministic, unlike atomics).
+    # RMS: y = (w @ h.T) / rms(h) with h = x (+ RES): the norm's weight is folded into w, so both dot
+    # operands stay as loaded (x and RES feed two dots into two accumulators) and the squares of h
+    # are summed on the side; program 0 stores h to NEW_RES.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ok_n, ok_m = cols < N, rows < M
@@ -78,17 +82,22 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, 
     k_lo = tl.program_id(1) * k_per
     k_hi = tl.minimum(K, k_lo + k_per)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_r = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # RMS with HAS_RES: w @ RES.T
+    sq = tl.zeros((BLOCK_K, BLOCK_M), dtype=tl.float32)  # RMS: squares of h, summed over K at the end
     k_first = k_lo
     if PDL:
         # The weights are static: start streaming the first tile before waiting for the kernel
         # that writes x, so its DRAM latency overlaps that kernel's tail (see pdl.py).
         k_first = k_lo + BLOCK_K
         ks = k_lo + tl.arange(0, BLOCK_K)
+        ok = (ks < k_hi)[:, None] & ok_m[None, :]
         w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
                     mask=ok_n[:, None] & (ks < k_hi)[None, :], other=0.0)
         grid_sync(PDL)
-        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=(ks < k_hi)[:, None] & ok_m[None, :], other=0.0)
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)
         acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
+        if RMS:
+            acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok, stride_r, IEEE, UPCAST, HAS_RES)
     for k0 in range(k_first, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         ok_k = ks < k_hi
@@ -97,6 +106,11 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, 
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
                      other=0.0)  # (BLOCK_K, BLOCK_M)
         acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
+        if RMS:
+            acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok_k[:, None] & ok_m[None, :], stride_r,
+                                  IEEE, UPCAST, HAS_RES)
+    if RMS:
+        acc = (acc + acc_r) * tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[None, :]
     if HAS_SCALE:  # fp8 weights: one scale per weight row (output column), constant over K
         acc *= tl.load(S + cols, mask=ok_n, other=0.0)[:, None]
     if HAS_BIAS:
@@ -108,6 +122,23 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, M, N, K, stride_x, stride_w, stride_y, 
     else:
         tl.store(P + tl.program_id(1) * M * N + rows[None, :] * N + cols[:, None], acc,
                  mask=ok_n[:, None] & ok_m[None, :])
+
+
+@triton.jit
+def _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok, stride_r, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+              HAS_RES: tl.constexpr):
+    """One K step of the RMS kind: acc_r += w @ res tile (HAS_RES), sq += h * h elementwise with
+    h = x (+ res) rounded to x's dtype as `add_rmsnorm` rounds it; program 0 stores h."""
+    if HAS_RES:
+        rt = tl.load(RES + rows[None, :] * stride_r + ks[:, None], mask=ok, other=0.0)
+        acc_r = _dot(w, rt, acc_r, IEEE, UPCAST, False, False)
+        h = (xt.to(tl.float32) + rt.to(tl.float32)).to(xt.dtype)
+        if tl.program_id(0) == 0:
+            tl.store(NEW_RES + rows[None, :] * stride_r + ks[:, None], h, mask=ok)
+        hf = h.to(tl.float32)
+    else:
+        hf = xt.to(tl.float32)
+    return acc_r, sq + hf * hf
 
 
 @triton.jit
@@ -166,10 +197,11 @@ class DotConfig:
 
 
 def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool = False, pdl: bool = False,
-               block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-               num_stages: int | None = None, split_k: int | None = None) -> DotConfig:
-    """The dot kind's launch shape for x (m, k) @ w (n, k).T, w_bytes / x_bytes per element; None
-    arguments take the measured defaults below (`gemv` passes its overrides through)."""
+               residual: bool = False, block_n: int | None = None, block_k: int | None = None,
+               num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None) -> DotConfig:
+    """The dot kind's launch shape for x (m, k) @ w (n, k).T, w_bytes / x_bytes per element (residual:
+    a second x-sized tile per K step, `gemv(rms_eps=, residual=)`); None arguments take the measured
+    defaults below (`gemv` passes its overrides through)."""
     bm = max(16, triton.next_power_of_2(m))
     if fp8:
         # measured best on the H200 (bench_gemv-2026-12-03b, Llama-3-8B shapes, 1-256 rows): 1-16
@@ -187,7 +219,7 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
         # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
         bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
     num_warps, split_k = num_warps or 4, min(split_k or 1, triton.cdiv(k, bk))
-    stage_bytes = (bn * w_bytes + bm * x_bytes) * bk  # one weight tile + one x tile
+    stage_bytes = (bn * w_bytes + bm * x_bytes * (2 if residual else 1)) * bk  # weight tile + x (+ residual) tile
     # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
     room = SHARED_BYTES - (stage_bytes if pdl else 0)
     num_stages = num_stages or max(1, min(5, room // stage_bytes))
@@ -205,7 +237,8 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          scale: torch.Tensor | None = None, block_n: int | None = None, block_k: int | None = None,
          num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None,
-         x_f16: bool = False, kind: str = "dot", pdl: bool = False) -> torch.Tensor:
+         x_f16: bool = False, kind: str = "dot", pdl: bool = False, rms_eps: float | None = None,
+         residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 256 (MAX_ROWS_DOT) with kind "dot", M <= 16 (MAX_ROWS) with "fma"; the model uses it up to
@@ -229,6 +262,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     the GPU. kind "fma": broadcast multiply + sum in float32 (no tensor cores; block_n 16 and 8192
     products per K step). pdl: launch as a programmatic dependent launch (`swiftspec.kernels.pdl`;
     Hopper GPUs); the dot kind then loads its first weight tile before waiting for the previous kernel.
+
+    rms_eps: the input is RMSNorm(h) with h = x + residual (x alone without one) and the norm's
+    weight folded into `weight` (W · diag(g): `fold_norm_weight`), so the add + norm before a GEMM
+    costs no launch of its own: y = (weight @ h.T).T / rms(h) (+ bias). x and residual feed two dots
+    straight from shared memory and h's squares are summed on the side, so the K loop stays a
+    pipelined weight stream. residual_out (M, K) receives h (needed with a residual). Equals
+    gemv(add_rmsnorm(x, residual, g, rms_eps)[0], W) up to rounding order: float32 ~1e-7; bf16
+    within the two-launch path's own error of the exact result. Kind "dot", weights in x's dtype,
+    split_k 1.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -248,13 +290,25 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"bias must be ({n},), got {tuple(bias.shape)}")
     if split_k is not None and (split_k < 1 or kind != "dot"):
         raise ValueError(f"split_k must be >= 1 and needs kind 'dot', got {split_k} with kind {kind!r}")
+    rms = rms_eps is not None
+    if rms:
+        if kind != "dot" or fp8 or (split_k or 1) != 1 or x_f16:
+            raise ValueError("rms_eps needs kind 'dot', weights in x's dtype and split_k 1")
+        if (residual is None) != (residual_out is None):
+            raise ValueError("residual and residual_out go together")
+        for t in (residual, residual_out):
+            if t is not None and (t.shape != x.shape or t.dtype != x.dtype or not t.is_contiguous()):
+                raise ValueError(f"residual and residual_out must be contiguous {tuple(x.shape)} {x.dtype}")
+    elif residual is not None or residual_out is not None:
+        raise ValueError("residual needs rms_eps")
     check_pdl(pdl, x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     if kind == "dot":
-        cfg = dot_config(m, n, k, weight.element_size(), x.element_size(), fp8=fp8, pdl=pdl, block_n=block_n,
-                         block_k=block_k, num_warps=num_warps, num_stages=num_stages, split_k=split_k)
+        cfg = dot_config(m, n, k, weight.element_size(), x.element_size(), fp8=fp8, pdl=pdl,
+                         residual=residual is not None, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                         num_stages=num_stages, split_k=split_k)
         bm, bn, bk, split_k = cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
         upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
         ieee = x.dtype == torch.float32 or upcast
@@ -263,10 +317,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         if x_f16 and x.dtype != torch.float16:  # as `_dot` converts it, once for all programs
             x = x.float().clamp(-65504.0, 65504.0).to(torch.float16)
         part = y if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        res = residual if residual is not None else x
         _skinny_dot_kernel[(triton.cdiv(n, bn), split_k)](
-            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, m, n, k, x.stride(0),
-            weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee, UPCAST=upcast,
-            F16=f16, X_F16=x_f16, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, res,
+            residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
+            weight.stride(0), y.stride(0), res.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
+            UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None, BLOCK_M=bm,
+            BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )
         if split_k > 1:
@@ -283,6 +340,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         **launch_options(pdl),
     )
     return y
+
+
+def fold_norm_weight(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """weight (N, K) · diag(norm_weight (K,)), computed in float32 and rounded once to weight's dtype:
+    the GEMM weight that `gemv(rms_eps=...)` takes in place of an RMSNorm's weight before it."""
+    return (weight.float() * norm_weight.float()[None, :]).to(weight.dtype)
 
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -179,15 +179,20 @@ class Transformer(nn.Module):
         self.scale = spec.head_dim**-0.5
         self.set_attention(attention)
         self.set_fusion("off")  # load_model picks the device default ("triton" on CUDA)
+        self._norms_folded = False  # `fold_norms`
         self.set_linear("torch")
         self.set_pdl(False)
 
-    def set_linear(self, impl: str, max_rows: int | None = None) -> None:
+    def set_linear(self, impl: str, max_rows: int | None = None, fold_norm: bool = False) -> None:
         """How the GEMMs run: "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny-linear
         kernel `swiftspec.kernels.gemv` for forwards of at most `max_rows` tokens (a pure weight
         stream; default `gemv.MAX_ROWS`, 16, the rows it was measured at; up to `gemv.MAX_ROWS_DOT`
         for A/B runs), `F.linear` above that. fp8 weights take it for every forward up to
-        `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a captured graph holds one."""
+        `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a captured graph holds one.
+        fold_norm (linear "triton", fusion "triton", native weights; not yet timed on a GPU, so
+        off): where the skinny linear runs, the residual add + RMSNorm before the qkv, gate/up and
+        LM-head GEMMs happens inside that GEMM's launch (`gemv(rms_eps=...)`), one launch fewer
+        each. It first folds every RMSNorm weight into the GEMM after it (`fold_norms`), for good."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
         self._gemv, self._gemv_rows, self._gemv_fp8_rows = None, 0, 0
@@ -200,7 +205,33 @@ class Transformer(nn.Module):
             if not 1 <= rows <= MAX_ROWS_DOT:
                 raise UserError(f"max_rows must be in 1..{MAX_ROWS_DOT}, got {rows}")
             self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, rows, MAX_ROWS_FP8
-        self.linear = impl
+            if fold_norm:
+                self.fold_norms()
+        elif fold_norm:
+            raise UserError("fold_norm needs linear 'triton' (the skinny linear applies the norm)")
+        self.linear, self.fold_norm = impl, bool(fold_norm)
+
+    def fold_norms(self) -> None:
+        """Fold each RMSNorm's weight into the GEMM that consumes its output (W · diag(g): attn_norm
+        into wqkv, mlp_norm into w13, the final norm into the LM head) and set the norm weights to
+        ones: the same model up to one rounding per weight, whose norms can then run inside the GEMM
+        (`gemv(rms_eps=...)`). Idempotent; call after the weights are loaded. A tied LM head gets
+        its own copy (vocab × hidden more memory). Native weights only (fp8 weights are quantized)."""
+        if self._norms_folded:
+            return
+        if self.weight_format != "native":
+            raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
+        from swiftspec.kernels.gemv import fold_norm_weight
+
+        for layer in self.layers:
+            for w, g in ((layer.wqkv, layer.attn_norm), (layer.w13, layer.mlp_norm)):
+                w.copy_(fold_norm_weight(w, g))
+                g.fill_(1.0)
+        if self.lm_head is self.embed:
+            self.lm_head = nn.Parameter(self.embed.detach().clone(), requires_grad=False)
+        self.lm_head.copy_(fold_norm_weight(self.lm_head, self.norm))
+        self.norm.fill_(1.0)
+        self._norms_folded = True
 
     def set_gemm_weight(self, owner: nn.Module, name: str, w: torch.Tensor) -> None:
         """Write GEMM weight `name` of `owner` (a Layer, or the model for "lm_head") from `w` (N, K);
@@ -361,8 +392,8 @@ class Transformer(nn.Module):
         nq, nkv = sh.q_heads * hd, sh.kv_heads * hd
         x = self.embed[tokens]
         if self._fused_ops is not None:
-            x = self._layers_triton(x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed)
-            return self._gather_logits(self._lin(x, self.lm_head, None, self.lm_head_scale).float())
+            local = self._layers_triton(x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed)
+            return self._gather_logits(local.float())
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm, spec.rms_eps)
             qkv = self._lin(h, layer.wqkv, layer.bqkv, layer.wqkv_scale)
@@ -392,23 +423,35 @@ class Transformer(nn.Module):
         return tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
 
     def _layers_triton(self, x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed):
-        """The decoder layers and the final norm with fusion "triton": per layer add+RMSNorm, qkv
-        GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up, down GEMM.
-        Each residual add is folded into the next norm (the last into the final norm), so the
-        arithmetic is that of the eager loop above. x: (T, hidden) embeddings -> (T, hidden) normed."""
-        add_rmsnorm, rope_kv, act = self._fused_ops
+        """The decoder layers, the final norm and the LM head with fusion "triton": per layer
+        add+RMSNorm, qkv GEMM, RoPE+KV write, attention, o GEMM, add+RMSNorm, gate/up GEMM, silu*up,
+        down GEMM. Each residual add is folded into the next norm (the last into the final norm), so
+        the arithmetic is that of the eager loop above; with `fold_norm` each add+RMSNorm runs inside
+        the GEMM after it (`_norm_lin`). x: (T, hidden) embeddings -> (T, vocab_local) logits."""
+        _, rope_kv, act = self._fused_ops
         spec, sh, t, pdl = self.spec, self.shard, x.shape[0], self.pdl
         nq = sh.q_heads * spec.head_dim
-        norms = [layer.attn_norm for layer in self.layers] + [self.norm]
-        h, res = add_rmsnorm(x, None, norms[0], spec.rms_eps, pdl=pdl)
+        res = None  # the residual stream; x: what the next norm adds to it
         for i, layer in enumerate(self.layers):
             kc, vc = cache.k[i], cache.v[i]
-            qkv = self._lin(h, layer.wqkv, layer.bqkv, layer.wqkv_scale)
+            qkv, res = self._norm_lin(x, res, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wqkv_scale)
             q = rope_kv(qkv, cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads, pdl=pdl)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
             o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_scale))
-            h, res = add_rmsnorm(o, res, layer.mlp_norm, spec.rms_eps, pdl=pdl)
-            up = act(self._lin(h, layer.w13, None, layer.w13_scale), pdl=pdl)
-            down = self._all_reduce(self._lin(up, layer.w2, None, layer.w2_scale))
-            h, res = add_rmsnorm(down, res, norms[i + 1], spec.rms_eps, pdl=pdl)
-        return h
+            gate_up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_scale)
+            x = self._all_reduce(self._lin(act(gate_up, pdl=pdl), layer.w2, None, layer.w2_scale))
+        return self._norm_lin(x, res, self.norm, self.lm_head, None, self.lm_head_scale)[0]
+
+    def _norm_lin(self, x, res, norm_w, w, b, scale) -> tuple[torch.Tensor, torch.Tensor]:
+        """(linear(RMSNorm(x + res) * norm_w), x + res): with `fold_norm` in one skinny-linear launch
+        where it runs (<= its rows; norm_w is then ones, folded into w), else add_rmsnorm then
+        `_lin`. res None: x alone."""
+        eps, pdl = self.spec.rms_eps, self.pdl
+        if self.fold_norm and scale is None and x.shape[0] <= self._gemv_rows:
+            x = x.contiguous()
+            new_res = torch.empty_like(x) if res is not None else x
+            y = self._gemv(x, w, b, kind="dot", pdl=pdl, rms_eps=eps, residual=res,
+                           residual_out=new_res if res is not None else None)
+            return y, new_res
+        h, new_res = self._fused_ops[0](x, res, norm_w, eps, pdl=pdl)
+        return self._lin(h, w, b, scale), new_res
