@@ -22,7 +22,8 @@ a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set
 combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
 tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where
 the tile rule takes TMA (`tma=False`); a "+gemvN" suffix (e.g. triton+gemv64)
-runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`); "+foldnorm"
+runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`). The model
+loads with `fold_norm="off"` (the runtime's default folds on CUDA), so only "+foldnorm"
 runs each add+RMSNorm inside the skinny linear after it (`set_linear(..., fold_norm=True)`; the norm
 weights are then folded into the GEMM weights before any mode runs, so every mode runs the same
 model); a "+fp8" suffix runs a second copy of
@@ -219,7 +220,7 @@ def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) ->
 def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
     def load(fmt: str):
         return load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
-                          num_layers=args.layers, weight_format=fmt)  # fmt: skip
+                          num_layers=args.layers, weight_format=fmt, fold_norm="off")  # fmt: skip
 
     native = load("native")
     if any("foldnorm" in f.split("+") for f in args.fusions):

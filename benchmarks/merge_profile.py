@@ -49,12 +49,17 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
     keep = b[~b.model.isin(replaced) & ~((b.op == "host") & new_host)]
     rows = pd.concat([keep, n if new_host else n[n.op != "host"], *copies], ignore_index=True)
     meta = dict(mb)
-    for key in ("skipped", "incomplete_tables"):  # entries such as "forward Llama-3-70B tp1", "Qwen2-72B tp1: needs ..."
-        meta[key] = [e for e in mb.get(key, []) if not replaced & set(e.replace(":", " ").split())] + list(mn.get(key, []))
+    def names(e: str) -> set[str]:  # entries such as "forward Llama-3-70B tp1", "Qwen2-72B tp1: needs ..."
+        return set(e.replace(":", " ").split())
+
+    # a model NEW did not finish keeps BASE's rows, so BASE's entries for it stand and NEW's do not
+    for key in ("skipped", "incomplete_tables"):
+        meta[key] = ([e for e in mb.get(key, []) if not replaced & names(e)]
+                     + [e for e in mn.get(key, []) if replaced & names(e)])
     meta["incomplete"] = bool(meta["incomplete_tables"])
     meta["merged"] = list(mb.get("merged", [])) + [
         {"date": mn.get("date"), "command": mn.get("command"), "models": sorted(replaced),
-         "host": new_host, "kernels": {k: mn.get(k) for k in ("attention", "fusion", "linear", "tree_growth")}}]
+         "host": new_host, "kernels": {k: mn.get(k) for k in ("attention", "fold_norm", "fusion", "linear", "tree_growth")}}]
     return rows, meta
 
 

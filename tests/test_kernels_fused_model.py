@@ -131,6 +131,26 @@ def test_fold_norm_matches_off(make_checkpoint, name):
 
 
 @cpu_interpreted
+def test_load_model_fold_norm(make_checkpoint):
+    """load_model(fold_norm="on") folds the norms once the weights are read (norm weights ones, the
+    same logits as the unfolded model to 1e-5); "auto" on the CPU leaves them; "on" without the
+    skinny linear or with fp8 weights is refused before any weight is read."""
+    path = make_checkpoint("llama", tie_word_embeddings=True)
+    ref, _ = steps(load_model(path), 11)
+    model = load_model(path, fusion="triton", linear="triton", fold_norm="on")
+    assert model.fold_norm and bool((model.norm == 1).all()) and model.lm_head is not model.embed
+    got, _ = steps(model, 11)
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 1e-5
+    auto = load_model(path, fusion="triton", linear="triton")
+    assert not auto.fold_norm and not bool((auto.norm == 1).all())
+    with pytest.raises(UserError, match="fold_norm needs linear 'triton'"):
+        load_model(path, linear="torch", fold_norm="on")
+    with pytest.raises(UserError, match="fold_norm needs native weights"):
+        load_model(path, linear="triton", fold_norm="on", weight_format="fp8")
+
+
+@cpu_interpreted
 def test_skinny_linear_up_to_max_rows(make_checkpoint):
     """set_linear("triton", max_rows=32): the 20-token prefill takes the skinny linear too, and the
     logits still equal the eager model's; max_rows outside 1..256 is one clear error."""

@@ -67,3 +67,20 @@ def test_merge_bad_input_is_one_line_and_writes_nothing(tmp_path, new_profile):
     proc = run(BUNDLED, new_profile, "-o", out)
     assert proc.returncode == 2 and "weight_format differs" in proc.stderr and proc.stderr.count("\n") == 1
     assert not out.exists()
+
+
+def test_merge_keeps_incomplete_entries_of_models_new_did_not_finish(tmp_path, new_profile):
+    """A budget-cut re-profile of two models that finished only one: the merged meta lists NEW's
+    incomplete tables of the replaced model, and none of the unfinished one, whose rows stay BASE's."""
+    meta = json.loads((new_profile / "meta.json").read_text())
+    meta["incomplete_tables"] = ["forward Llama-3-70B tp2", "layers Llama-3-70B tp8", "lm_head Llama-3-8B tp8"]
+    (new_profile / "meta.json").write_text(json.dumps(meta))
+    out = tmp_path / "out"
+    proc = run(BUNDLED, new_profile, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    merged = json.loads((out / "meta.json").read_text())
+    kept = [e for e in json.loads((BUNDLED / "meta.json").read_text())["incomplete_tables"] if "-8B " not in e]
+    assert merged["incomplete_tables"] == [*kept, "lm_head Llama-3-8B tp8"] and merged["incomplete"] is True
+    assert "forward Llama-3-70B tp2" not in merged["incomplete_tables"]
+    assert (pd.read_csv(out / "compute.csv").model == "Llama-3-70B").sum() == (
+        pd.read_csv(BUNDLED / "compute.csv").model == "Llama-3-70B").sum()

@@ -106,6 +106,13 @@ def test_resume_skips_measured_keys(make_checkpoint, tmp_path):
     assert c[(c["op"] == "embed") & (c["tokens"] == 1)]["ms"].tolist() == [0.5]
     assert c[(c["op"] == "forward") & (c["tokens"] == 1)]["n"].item() == FAST.max_repeats  # measured now
     assert not (out / PARTIAL).exists()
+    # a finished compute.csv as the partial (its derived layers rows included): nothing is doubled
+    (out / "compute.csv").rename(out / PARTIAL)
+    profile_compute([str(ckpt)], out, device="cpu", grid=grid, timing=FAST, host=False, progress=False)
+    again = Profile.load(out).compute
+    keys = ["op", "model", "tp", "tokens", "kv_len"]
+    assert not again.duplicated(keys).any() and len(again) == len(c)
+    assert again.sort_values(keys)["ms"].tolist() == c.sort_values(keys)["ms"].tolist()
 
 
 def test_time_budget_leaves_partial_and_marks_incomplete(make_checkpoint, tmp_path):

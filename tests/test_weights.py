@@ -127,3 +127,24 @@ def test_all_bundled_configs_build_specs():
         assert rope_inv_freq(spec).shape == (spec.head_dim // 2,)
         for r in range(tp):
             rank_slices(spec, tp, r)
+
+
+def test_fold_norm_default_follows_the_skinny_linear():
+    """fold_norm "auto" is on only where the folded path runs (CUDA, linear and fusion "triton",
+    native weights) and won (TP 1), and a profile's recorded settings follow its weight format."""
+    from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, resolve_fold_norm
+
+    assert resolve_fold_norm("cuda") is True
+    assert resolve_fold_norm("cpu") is False
+    assert resolve_fold_norm("cuda", linear="torch") is False
+    assert resolve_fold_norm("cuda", fusion="compile") is False
+    assert resolve_fold_norm("cuda", weight_format="fp8") is False
+    assert resolve_fold_norm("cuda", tp_size=2) is False and resolve_fold_norm("cuda", "on", tp_size=8) is True
+    assert resolve_fold_norm("cpu", "on") is True and resolve_fold_norm("cuda", "off") is False
+    with pytest.raises(UserError, match="fold_norm must be one of auto, on, off"):
+        resolve_fold_norm("cuda", "yes")
+    cuda = kernel_settings("cuda")
+    assert (cuda["fold_norm"], cuda["linear"], cuda["fusion"]) == ("tp1", "triton", "triton")
+    assert kernel_settings("cuda", "fp8")["fold_norm"] == "off" and kernel_settings("cpu")["fold_norm"] == "off"
+    assert kernel_mismatch(kernel_settings("cuda", "fp8"), "cuda") == ["weight_format: profile fp8, runtime native"]
+    assert kernel_mismatch({**cuda, "fold_norm": "off"}, "cuda") == ["fold_norm: profile off, runtime tp1"]

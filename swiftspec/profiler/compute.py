@@ -539,11 +539,11 @@ def profile_compute(
 
     attention, fusion = resolve_kernels(device, attention)
     # what the profiled forwards run: the device defaults, with the attention asked for
-    kernels = {**kernel_settings(device), "attention": attention, "fusion": fusion, "weight_format": weight_format}
-    if attention != "triton":
-        kernels["attention_combine"] = "-"
     if weight_format not in WEIGHT_FORMATS:
         raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
+    kernels = {**kernel_settings(device, weight_format), "attention": attention, "fusion": fusion}
+    if attention != "triton":
+        kernels["attention_combine"] = "-"
     parsed = _parse_models(models)
     out = Path(out)
     old_meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
@@ -631,6 +631,8 @@ def profile_compute(
             bar.close()
 
     measured = _read_partial(partial_path)
+    # layers rows are derived below; a partial built from a finished compute.csv carries them too
+    measured = measured[measured["op"] != "layers"]
     wanted = {k for j in jobs for k in j.keys()} | set(host_keys)
     have = {tuple(k) for k in measured[["op", "model", "tp", "tokens", "kv_len"]].itertuples(index=False, name=None)}
     missing = len(wanted - have)

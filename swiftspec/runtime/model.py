@@ -189,10 +189,11 @@ class Transformer(nn.Module):
         stream; default `gemv.MAX_ROWS`, 16, the rows it was measured at; up to `gemv.MAX_ROWS_DOT`
         for A/B runs), `F.linear` above that. fp8 weights take it for every forward up to
         `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a captured graph holds one.
-        fold_norm (linear "triton", fusion "triton", native weights; not yet timed on a GPU, so
-        off): where the skinny linear runs, the residual add + RMSNorm before the qkv, gate/up and
-        LM-head GEMMs happens inside that GEMM's launch (`gemv(rms_eps=...)`), one launch fewer
-        each. It first folds every RMSNorm weight into the GEMM after it (`fold_norms`), for good."""
+        fold_norm (linear "triton", fusion "triton", native weights; `load_model` turns it on
+        there at TP 1 by default, `weights.resolve_fold_norm`): where the skinny linear runs, the
+        residual add + RMSNorm before the qkv, gate/up and LM-head GEMMs happens inside that
+        GEMM's launch (`gemv(rms_eps=...)`), one launch fewer each. It first folds every RMSNorm
+        weight into the GEMM after it (`fold_norms`), for good."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
         self._gemv, self._gemv_rows, self._gemv_fp8_rows = None, 0, 0

@@ -201,6 +201,7 @@ def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
 
 
 PDL_CHOICES = ("auto", "on", "off")
+FOLD_NORM_CHOICES = ("auto", "on", "off")
 WEIGHT_FORMATS = ("native", "fp8")
 
 
@@ -212,22 +213,45 @@ def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool:
     return pdl == "on"
 
 
-KERNEL_SETTINGS = ("attention", "attention_combine", "fusion", "linear", "pdl", "tree_growth", "weight_format")
+def resolve_fold_norm(device: str | torch.device, fold_norm: str = "auto", linear: str = "triton",
+                      fusion: str = "triton", weight_format: str = "native", tp_size: int = 1) -> bool:
+    """Whether `load_model` folds the RMSNorm weights into the GEMMs and runs each add+RMSNorm
+    inside the skinny linear after it (`Transformer.set_linear(..., fold_norm=True)`): "on", "off",
+    or "auto" = on where that path runs (CUDA, linear and fusion "triton", native weights) on an
+    unsharded model (TP 1). Measured on the H200 (benchmarks/KERNELS.md, "Eleventh session"): the
+    Llama-3-8B and 3.2-3B steps 0.5-2.4 % faster at 1-16 tokens, the 1B within noise; TP 2-8
+    shards up to 15 % slower (their narrow GEMMs launch too few programs to hide the norm's work)."""
+    if fold_norm not in FOLD_NORM_CHOICES:
+        raise UserError(f"fold_norm must be one of {', '.join(FOLD_NORM_CHOICES)}, got {fold_norm!r}")
+    if fold_norm == "auto":
+        return (torch.device(device).type == "cuda" and linear == "triton" and fusion == "triton"
+                and weight_format == "native" and tp_size == 1)
+    return fold_norm == "on"
 
 
-def kernel_settings(device: str | torch.device) -> dict[str, str]:
-    """The kernels `load_model` picks by default on `device` (the "auto" choices), as a profile's
-    meta.json records them: a profile predicts the runtime only while these agree."""
+KERNEL_SETTINGS = ("attention", "attention_combine", "fold_norm", "fusion", "linear", "pdl", "tree_growth",
+                   "weight_format")
+
+
+def kernel_settings(device: str | torch.device, weight_format: str = "native") -> dict[str, str]:
+    """The kernels `load_model` picks by default on `device` for `weight_format` (the "auto"
+    choices), as a profile's meta.json records them: a profile predicts the runtime only while these
+    agree. fold_norm "tp1": on for unsharded models only (`resolve_fold_norm`)."""
     attention, fusion = resolve_kernels(device)
+    linear = resolve_linear(device)
+    fold = resolve_fold_norm(device, linear=linear, fusion=fusion, weight_format=weight_format)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
-            "fusion": fusion, "linear": resolve_linear(device), "pdl": "on" if resolve_pdl(device) else "off",
-            "tree_growth": resolve_tree_growth(device), "weight_format": "native"}
+            "fold_norm": "tp1" if fold else "off", "fusion": fusion, "linear": linear,
+            "pdl": "on" if resolve_pdl(device) else "off", "tree_growth": resolve_tree_growth(device),
+            "weight_format": weight_format}
 
 
 def kernel_mismatch(meta: dict, device: str | torch.device) -> list[str]:
     """The kernel settings where a profile's meta.json differs from today's runtime defaults on
-    `device`, as 'name: profile X, runtime Y' (settings the profile did not record are skipped)."""
-    now = kernel_settings(device)
+    `device` for the profile's weight format, as 'name: profile X, runtime Y' (settings the profile
+    did not record are skipped). The settings that follow the weight format (fold_norm) are
+    compared at the profile's format; the format itself against the default, native."""
+    now = {**kernel_settings(device, meta.get("weight_format", "native")), "weight_format": "native"}
     return [f"{k}: profile {meta[k]}, runtime {now[k]}" for k in KERNEL_SETTINGS if k in meta and meta[k] != now[k]]
 
 
@@ -245,6 +269,7 @@ def load_model(
     fusion: str = "auto",
     linear: str = "auto",
     pdl: str = "auto",
+    fold_norm: str = "auto",
     num_layers: int | None = None,
     weight_format: str = "native",
 ) -> Transformer:
@@ -261,6 +286,8 @@ def load_model(
     linear: "auto" (see `resolve_linear`), "torch" or "triton" (see `Transformer.set_linear`).
 
     pdl: "auto" (see `resolve_pdl`), "on" or "off" (see `Transformer.set_pdl`).
+
+    fold_norm: "auto" (see `resolve_fold_norm`), "on" or "off"; applied after the weights are read.
 
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
     weight_format: "native" (the GEMM weights in `dtype`) or "fp8" (weight-only float8_e4m3fn with
@@ -285,14 +312,22 @@ def load_model(
     else:
         read, names = _random_reader(spec, tp_rank, seed, torch.device(device), dtype), None
     attention, fusion = resolve_kernels(device, attention, fusion)
+    linear = resolve_linear(device, linear)
+    fold = resolve_fold_norm(device, fold_norm, linear, fusion, weight_format, tp_size)
+    if fold and linear != "triton":
+        raise UserError("fold_norm needs linear 'triton' (the skinny linear applies the norm)")
+    if fold and weight_format != "native":
+        raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
     model = Transformer(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention,
         weight_format=weight_format,
     )
     model.set_fusion(fusion)
-    model.set_linear(resolve_linear(device, linear))
+    model.set_linear(linear)
     model.set_pdl(resolve_pdl(device, pdl))
     _fill(model, read, names)
+    if fold:  # the norm weights fold into the GEMM weights, so after those are read
+        model.set_linear(linear, fold_norm=True)
     model.weights = weights
     return model.eval()
 
