@@ -16,6 +16,12 @@ weights quantized (`quantize_fp8`) through the dot kernel, `fp8_default` (gemv's
 `fp8_default_x16` (the same with x converted to float16 once, `gemv(x_f16=True)`) and
 `fp8_dot_bn{N}_bk{K}_s{stages}_w{warps}_k{split_k}`, against the
 dequantized weights and a floor of one byte per weight; it also runs more than 16 rows.
+`--shapes 70b-tp8,1b` picks other shape sets (one TP-8 shard of Llama-3-70B, Llama-3.2-1B; layer
+names then carry `@set`); `--defaults-only` replaces the sweep by cuBLAS, gemv's own config
+(`dot_default`), it split over K in 2 and 4 (`dot_default_k2/k4`) and it with the add+RMSNorm
+folded in (`dot_fold`: `gemv(rms_eps=, residual=)`, checked against the product of RMSNorm(x + r)
+and w), to ask where narrow shard GEMMs lose. `dot_default` is gemv's default at the time of the
+run: in `bench_gemv-2026-12-04` that was unsplit everywhere (the split rule came from that run).
 Writes <out>/bench_gemv-<date>.{json,csv} with run_metadata(); prints a compact table.
 """
 
@@ -38,9 +44,16 @@ from bench_kernels import ROTATE_BYTES, copy_bandwidth, time_calls  # noqa: E402
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
 from swiftspec.kernels.gemv import gemv, quantize_fp8  # noqa: E402
 
-# Llama-3-8B per-layer linears (N, K) and the LM head
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-          "lm_head": (128256, 4096)}
+# per-layer linears (N, K) and the LM head: Llama-3-8B, one TP-8 shard of Llama-3-70B, Llama-3.2-1B
+SHAPE_SETS = {
+    "8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+           "lm_head": (128256, 4096)},
+    "70b-tp8": {"qkv": (1280, 8192), "o": (8192, 1024), "gate_up": (7168, 8192), "down": (8192, 3584),
+                "lm_head": (16032, 8192)},
+    "1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+           "lm_head": (128256, 2048)},
+}
+SHAPES = SHAPE_SETS["8b"]
 
 
 def main() -> None:
@@ -50,11 +63,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small shapes (CPU smoke run)")
     ap.add_argument("--fp8", action="store_true",
                     help="also fp8 weights (quantize_fp8) through the dot kernel, up to 256 rows (--rows 1,16,64,256)")
+    ap.add_argument("--shapes", default="8b", help=f"shape set(s), comma-separated: {', '.join(SHAPE_SETS)}")
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="only cuBLAS, gemv's own config, it split over K in 2 and 4 (split_k), and it with the "
+                         "add+RMSNorm folded in (rms_eps + residual), instead of the config sweep")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    shapes = {k: (max(64, n // 256), max(64, kk // 256)) for k, (n, kk) in SHAPES.items()} if args.quick else SHAPES
+    unknown = [s for s in args.shapes.split(",") if s not in SHAPE_SETS]
+    if unknown:
+        sys.exit(f"error: unknown shape set {unknown[0]!r}: choose from {', '.join(SHAPE_SETS)}")
+    picked = {(f"{k}@{s}" if "," in args.shapes else k): v for s in args.shapes.split(",")
+              for k, v in SHAPE_SETS[s].items()}
+    shapes = {k: (max(64, n // 256), max(64, kk // 256)) for k, (n, kk) in picked.items()} if args.quick else picked
     bw = copy_bandwidth(dev)
     rows = []
     for m in [int(r) for r in args.rows.split(",")]:
@@ -65,10 +87,24 @@ def main() -> None:
             x = torch.empty((m, k), dtype=dtype, device=dev).normal_()
             ref = F.linear(x.float(), ws[0].float())
             variants = {"cublas": lambda w, x=x: F.linear(x, w)}
-            for bn, nw in [(8, 4)] if args.quick else [(b, n) for b in (2, 4, 8) for n in (1, 2, 4)]:
+            if args.defaults_only:
+                r, r_out = torch.empty_like(x).normal_(), torch.empty_like(x)
+                variants["dot_default"] = lambda w, x=x: gemv(x, w)
+                for sk in (2, 4):
+                    variants[f"dot_default_k{sk}"] = lambda w, sk=sk, x=x: gemv(x, w, split_k=sk)
+                # the fold: x + r normalized inside the launch (its norm weight folded into w
+                # beforehand, so the reference is the plain product of RMSNorm(x + r) and w)
+                variants["dot_fold"] = lambda w, x=x, r=r, r_out=r_out: gemv(
+                    x, w, rms_eps=1e-5, residual=r, residual_out=r_out)
+                h = (x.float() + r.float())
+                refs = {"dot_fold": F.linear(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5), ws[0].float())}
+            else:
+                refs = {}
+            for bn, nw in [] if args.defaults_only else [(8, 4)] if args.quick else [
+                    (b, n) for b in (2, 4, 8) for n in (1, 2, 4)]:
                 if m == 1:
                     variants[f"fma_bn{bn}_w{nw}"] = lambda w, bn=bn, nw=nw, x=x: gemv(x, w, block_n=bn, num_warps=nw, kind="fma")
-            for bn, bk, ns in [(64, 128, 3)] if args.quick else [
+            for bn, bk, ns in [] if args.defaults_only else [(64, 128, 3)] if args.quick else [
                     (b, k, s) for b in (64, 128) for k in (64, 128, 256) for s in (3, 5)]:
                 variants[f"dot_bn{bn}_bk{bk}_s{ns}"] = (
                     lambda w, bn=bn, bk=bk, ns=ns, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns, kind="dot"))
@@ -86,7 +122,7 @@ def main() -> None:
                         x, w[0], scale=w[1], block_n=bn, block_k=bk, num_stages=ns, num_warps=nw, split_k=sk))
             n_before = len(rows)
             for impl, fn, weights, reference, nbytes in (
-                    [(i, f, ws, ref, wbytes) for i, f in variants.items()]
+                    [(i, f, ws, refs.get(i, ref), wbytes) for i, f in variants.items()]
                     + [(i, f, w8s, ref8, n * k) for i, f in fp8_variants.items()]):  # fmt: skip
                 try:  # a config may not fit (shared memory): record it and go on
                     err = float((fn(weights[0]).float() - reference).abs().max() / reference.abs().max())

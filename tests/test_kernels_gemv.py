@@ -195,6 +195,29 @@ def test_gemv_split_k_matches_reference(m, n, k, split_k, fp8):
         assert torch.equal(got, gemv(x, w, b, scale=scale, split_k=split_k, block_k=64))
 
 
+def test_native_split_k_rule_and_default_launch():
+    """Native weights split K in 4 at <= 16 rows only below SPLIT_MAX_BLOCKS column blocks with
+    K >= SPLIT_MIN_K (the TP-shard qkv GEMMs), never with the folded norm; such a default launch
+    equals the reference and the unsplit launch up to float32 summation order."""
+    from swiftspec.kernels.gemv import SPLIT_MAX_BLOCKS, SPLIT_MIN_K, dot_config
+
+    def split(m, n, k, **kw):
+        return dot_config(m, n, k, 2, 2, **kw).split_k
+
+    assert split(1, 1280, 8192) == 4 and split(16, 768, 4096) == 4  # 70B TP 8, 8B TP 8 qkv
+    assert split(1, 64 * SPLIT_MAX_BLOCKS, 8192) == 1  # enough column blocks
+    assert split(1, 1280, SPLIT_MIN_K // 2) == 1 and split(32, 1280, 8192) == 1  # short K, more rows
+    assert split(1, 1280, 8192, norm=True) == 1 and split(1, 1280, 8192, residual=True) == 1
+    assert split(1, 1280, 8192, split_k=2) == 2 and dot_config(1, 1280, 8192, 1, 2, fp8=True).split_k == 4
+    gen = torch.Generator().manual_seed(11)
+    x, w = _rand((3, SPLIT_MIN_K), gen, torch.float32), _rand((70, SPLIT_MIN_K), gen, torch.float32)
+    got, one = gemv(x, w), gemv(x, w, split_k=1)
+    ref = F.linear(x.double(), w.double())
+    assert float((got.double() - ref).abs().max() / ref.abs().max()) <= 1e-5
+    assert float((one.double() - ref).abs().max() / ref.abs().max()) <= 1e-5
+    assert not torch.equal(got, one)  # a split launch really ran: another summation order
+
+
 @pytest.mark.parametrize("m,n,k", [(3, 40, 200), (40, 33, 130)])
 def test_gemv_fp8_x_converted_once_is_bit_identical(m, n, k):
     """x_f16 (x to float16 before the launch) gives the in-kernel conversion's result bit for bit,

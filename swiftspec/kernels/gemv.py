@@ -36,6 +36,10 @@ SHARED_BYTES = 220 * 1024  # pipeline buffers' budget: Hopper has 227 KB of shar
 MAX_ROWS = 16  # the model's default: more token rows go to F.linear (measured at 1-16 rows only)
 MAX_ROWS_DOT = 256  # the dot kind's limit, any weight dtype (token rows fill the MMA's N side)
 MAX_ROWS_FP8 = MAX_ROWS_DOT  # fp8 weights: every forward (cuBLAS has no bf16 x fp8 GEMM), up to a prefill chunk
+# native weights at <= 16 rows split K in 4 when fewer than SPLIT_MAX_BLOCKS column blocks share a K of
+# at least SPLIT_MIN_K (TP-shard qkv: Llama-3-70B TP 8 is N 1280 x K 8192, 20 programs on 132 SMs):
+# 0.60-0.62x the unsplit time there, 0.78x at 32 blocks (bench_gemv-2026-12-04)
+SPLIT_MAX_BLOCKS, SPLIT_MIN_K = 32, 4096
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 
@@ -197,11 +201,12 @@ class DotConfig:
 
 
 def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool = False, pdl: bool = False,
-               residual: bool = False, block_n: int | None = None, block_k: int | None = None,
+               residual: bool = False, norm: bool = False, block_n: int | None = None, block_k: int | None = None,
                num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None) -> DotConfig:
     """The dot kind's launch shape for x (m, k) @ w (n, k).T, w_bytes / x_bytes per element (residual:
-    a second x-sized tile per K step, `gemv(rms_eps=, residual=)`); None arguments take the measured
-    defaults below (`gemv` passes its overrides through)."""
+    a second x-sized tile per K step, `gemv(rms_eps=, residual=)`; norm: `rms_eps` given, which
+    needs the whole K in one program); None arguments take the measured defaults below (`gemv`
+    passes its overrides through)."""
     bm = max(16, triton.next_power_of_2(m))
     if fp8:
         # measured best on the H200 (bench_gemv-2026-12-03b, Llama-3-8B shapes, 1-256 rows): 1-16
@@ -218,6 +223,8 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
         # rows per program, 256-wide K steps for the N = 4096 outputs (o, down: fewer programs, so
         # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
         bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
+        few = triton.cdiv(n, bn) < SPLIT_MAX_BLOCKS and k >= SPLIT_MIN_K and bm <= 16
+        split_k = split_k or (4 if few and not (norm or residual) else 1)
     num_warps, split_k = num_warps or 4, min(split_k or 1, triton.cdiv(k, bk))
     stage_bytes = (bn * w_bytes + bm * x_bytes * (2 if residual else 1)) * bk  # weight tile + x (+ residual) tile
     # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
@@ -259,9 +266,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     products, not TF32). split_k > 1 splits K over that many programs per column block, each
     writing a float32 partial (split_k * M * N * 4 bytes), summed in order by a second launch
     (`_split_sum_kernel`); fp8 weights use it (4) where N <= 8192, too few column blocks to fill
-    the GPU. kind "fma": broadcast multiply + sum in float32 (no tensor cores; block_n 16 and 8192
-    products per K step). pdl: launch as a programmatic dependent launch (`swiftspec.kernels.pdl`;
-    Hopper GPUs); the dot kind then loads its first weight tile before waiting for the previous kernel.
+    the GPU, native weights (4) at <= 16 rows below SPLIT_MAX_BLOCKS column blocks with K >=
+    SPLIT_MIN_K (TP-shard qkv GEMMs), but never with rms_eps. kind "fma": broadcast multiply + sum
+    in float32 (no tensor cores; block_n 16 and 8192 products per K step). pdl: launch as a
+    programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs); the dot kind then loads
+    its first weight tile before waiting for the previous kernel.
 
     rms_eps: the input is RMSNorm(h) with h = x + residual (x alone without one) and the norm's
     weight folded into `weight` (W · diag(g): `fold_norm_weight`), so the add + norm before a GEMM
@@ -307,8 +316,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return y
     if kind == "dot":
         cfg = dot_config(m, n, k, weight.element_size(), x.element_size(), fp8=fp8, pdl=pdl,
-                         residual=residual is not None, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                         num_stages=num_stages, split_k=split_k)
+                         residual=residual is not None, norm=rms, block_n=block_n, block_k=block_k,
+                         num_warps=num_warps, num_stages=num_stages, split_k=split_k)
         bm, bn, bk, split_k = cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
         upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
         ieee = x.dtype == torch.float32 or upcast
