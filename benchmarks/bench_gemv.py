@@ -73,7 +73,8 @@ def main() -> None:
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     unknown = [s for s in args.shapes.split(",") if s not in SHAPE_SETS]
     if unknown:
-        sys.exit(f"error: unknown shape set {unknown[0]!r}: choose from {', '.join(SHAPE_SETS)}")
+        print(f"error: unknown shape set {unknown[0]!r}: choose from {', '.join(SHAPE_SETS)}", file=sys.stderr)
+        sys.exit(2)
     picked = {(f"{k}@{s}" if "," in args.shapes else k): v for s in args.shapes.split(",")
               for k, v in SHAPE_SETS[s].items()}
     shapes = {k: (max(64, n // 256), max(64, kk // 256)) for k, (n, kk) in picked.items()} if args.quick else picked
@@ -96,7 +97,7 @@ def main() -> None:
                 # beforehand, so the reference is the plain product of RMSNorm(x + r) and w)
                 variants["dot_fold"] = lambda w, x=x, r=r, r_out=r_out: gemv(
                     x, w, rms_eps=1e-5, residual=r, residual_out=r_out)
-                h = (x.float() + r.float())
+                h = x.float() + r.float()
                 refs = {"dot_fold": F.linear(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5), ws[0].float())}
             else:
                 refs = {}

@@ -114,6 +114,15 @@ def sdpa_tree_attention(
     return out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
 
 
+def check_fold_norm(weight_format: str, linear: str | None = None) -> None:
+    """Refuse a norm fold the model cannot run: folding fp8 weights would re-quantize them, and the
+    norm runs inside the skinny linear (linear None: the weights are folded, nothing runs yet)."""
+    if linear is not None and linear != "triton":
+        raise UserError("fold_norm needs linear 'triton' (the skinny linear applies the norm)")
+    if weight_format != "native":
+        raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
+
+
 class Layer(nn.Module):
     """One decoder layer's local weights (shapes in the module docstring)."""
 
@@ -196,6 +205,8 @@ class Transformer(nn.Module):
         weight into the GEMM after it (`fold_norms`), for good."""
         if impl not in LINEAR_IMPLS:
             raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
+        if fold_norm:
+            check_fold_norm(self.weight_format, impl)
         self._gemv, self._gemv_rows, self._gemv_fp8_rows = None, 0, 0
         if impl == "triton":
             try:
@@ -208,8 +219,6 @@ class Transformer(nn.Module):
             self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, rows, MAX_ROWS_FP8
             if fold_norm:
                 self.fold_norms()
-        elif fold_norm:
-            raise UserError("fold_norm needs linear 'triton' (the skinny linear applies the norm)")
         self.linear, self.fold_norm = impl, bool(fold_norm)
 
     def fold_norms(self) -> None:
@@ -220,8 +229,7 @@ class Transformer(nn.Module):
         its own copy (vocab × hidden more memory). Native weights only (fp8 weights are quantized)."""
         if self._norms_folded:
             return
-        if self.weight_format != "native":
-            raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
+        check_fold_norm(self.weight_format)
         from swiftspec.kernels.gemv import fold_norm_weight
 
         for layer in self.layers:

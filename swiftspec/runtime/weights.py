@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from swiftspec.runtime.model import ATTENTION_COMBINE, Transformer
+from swiftspec.runtime.model import ATTENTION_COMBINE, Transformer, check_fold_norm
 from swiftspec.runtime.tree import resolve_tree_growth
 from swiftspec.spec import ModelSpec, UserError, resolve_model_path
 
@@ -314,10 +314,8 @@ def load_model(
     attention, fusion = resolve_kernels(device, attention, fusion)
     linear = resolve_linear(device, linear)
     fold = resolve_fold_norm(device, fold_norm, linear, fusion, weight_format, tp_size)
-    if fold and linear != "triton":
-        raise UserError("fold_norm needs linear 'triton' (the skinny linear applies the norm)")
-    if fold and weight_format != "native":
-        raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
+    if fold:  # before any weight is read
+        check_fold_norm(weight_format, linear)
     model = Transformer(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention,
         weight_format=weight_format,
