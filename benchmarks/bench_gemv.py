@@ -22,6 +22,9 @@ names then carry `@set`); `--defaults-only` replaces the sweep by cuBLAS, gemv's
 folded in (`dot_fold`: `gemv(rms_eps=, residual=)`, checked against the product of RMSNorm(x + r)
 and w), to ask where narrow shard GEMMs lose. `dot_default` is gemv's default at the time of the
 run: in `bench_gemv-2026-12-04` that was unsplit everywhere (the split rule came from that run).
+`--split-sweep` runs cuBLAS, `dot_default` and `dot_default_k1/k2/k4` (K forced unsplit, in 2, in
+4) at any --rows, to place the split rule; shape sets 1b-tp2, 3b, 8b-tp2 and 70b-tp4 add the shards the
+planner picks.
 Writes <out>/bench_gemv-<date>.{json,csv} with run_metadata(); prints a compact table.
 """
 
@@ -52,6 +55,14 @@ SHAPE_SETS = {
                 "lm_head": (16032, 8192)},
     "1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
            "lm_head": (128256, 2048)},
+    "1b-tp2": {"qkv": (1536, 2048), "o": (2048, 1024), "gate_up": (8192, 2048), "down": (2048, 4096),
+               "lm_head": (64128, 2048)},
+    "3b": {"qkv": (5120, 3072), "o": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192),
+           "lm_head": (128256, 3072)},
+    "8b-tp2": {"qkv": (3072, 4096), "o": (4096, 2048), "gate_up": (14336, 4096), "down": (4096, 7168),
+               "lm_head": (64128, 4096)},
+    "70b-tp4": {"qkv": (2560, 8192), "o": (8192, 2048), "gate_up": (14336, 8192), "down": (8192, 7168),
+                "lm_head": (32064, 8192)},
 }
 SHAPES = SHAPE_SETS["8b"]
 
@@ -67,6 +78,9 @@ def main() -> None:
     ap.add_argument("--defaults-only", action="store_true",
                     help="only cuBLAS, gemv's own config, it split over K in 2 and 4 (split_k), and it with the "
                          "add+RMSNorm folded in (rms_eps + residual), instead of the config sweep")
+    ap.add_argument("--split-sweep", action="store_true",
+                    help="only cuBLAS, gemv's own config and it with K split in 1, 2 and 4 (split_k), "
+                         "to place the split rule (any --rows)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     dev = args.device
@@ -88,11 +102,12 @@ def main() -> None:
             x = torch.empty((m, k), dtype=dtype, device=dev).normal_()
             ref = F.linear(x.float(), ws[0].float())
             variants = {"cublas": lambda w, x=x: F.linear(x, w)}
+            if args.defaults_only or args.split_sweep:
+                variants["dot_default"] = lambda w, x=x: gemv(x, w)
+                for sk in (1, 2, 4) if args.split_sweep else (2, 4):
+                    variants[f"dot_default_k{sk}"] = lambda w, sk=sk, x=x: gemv(x, w, split_k=sk)
             if args.defaults_only:
                 r, r_out = torch.empty_like(x).normal_(), torch.empty_like(x)
-                variants["dot_default"] = lambda w, x=x: gemv(x, w)
-                for sk in (2, 4):
-                    variants[f"dot_default_k{sk}"] = lambda w, sk=sk, x=x: gemv(x, w, split_k=sk)
                 # the fold: x + r normalized inside the launch (its norm weight folded into w
                 # beforehand, so the reference is the plain product of RMSNorm(x + r) and w)
                 variants["dot_fold"] = lambda w, x=x, r=r, r_out=r_out: gemv(
@@ -101,11 +116,12 @@ def main() -> None:
                 refs = {"dot_fold": F.linear(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5), ws[0].float())}
             else:
                 refs = {}
-            for bn, nw in [] if args.defaults_only else [(8, 4)] if args.quick else [
+            sweep = not (args.defaults_only or args.split_sweep)
+            for bn, nw in [] if not sweep else [(8, 4)] if args.quick else [
                     (b, n) for b in (2, 4, 8) for n in (1, 2, 4)]:
                 if m == 1:
                     variants[f"fma_bn{bn}_w{nw}"] = lambda w, bn=bn, nw=nw, x=x: gemv(x, w, block_n=bn, num_warps=nw, kind="fma")
-            for bn, bk, ns in [] if args.defaults_only else [(64, 128, 3)] if args.quick else [
+            for bn, bk, ns in [] if not sweep else [(64, 128, 3)] if args.quick else [
                     (b, k, s) for b in (64, 128) for k in (64, 128, 256) for s in (3, 5)]:
                 variants[f"dot_bn{bn}_bk{bk}_s{ns}"] = (
                     lambda w, bn=bn, bk=bk, ns=ns, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns, kind="dot"))

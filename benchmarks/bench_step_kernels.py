@@ -8,7 +8,9 @@ Step ("kind" = step): Llama-3-8B and Llama-3.2-1B shapes (random bf16 weights), 
 (decode; tree verify with a causal mask), kv 1024 and 4096, Triton tree attention, with
 `Transformer.set_fusion` "off" (eager ops), "compile" (torch.compile of RMSNorm / RoPE / silu*up)
 and "triton" (swiftspec.kernels: add+RMSNorm, RoPE+KV write, silu*up; 4 launches per layer).
-Timed through `GraphRunner.run` (input copies + graph replay: what the runtime pays per step) and
+Timed through `GraphRunner.run` with host inputs (one pinned host-to-device copy of the inputs, the
+graph replay, the logits copy: what `ModelRunner` pays per step; before 2026-12-04 the inputs were
+device tensors, copied by ~8 small device ops) and
 as the bare replay, over the HBM floor = (weights + KV bytes) / device-to-device copy bandwidth
 measured in the same run (the definition of benchmarks/bench_step.py). Also per mode: device ops
 (kernels + memsets) of one eager forward of 1 token, counted with torch.profiler, and the logits'
@@ -23,10 +25,12 @@ combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps
 tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where
 the tile rule takes TMA (`tma=False`); a "+gemvN" suffix (e.g. triton+gemv64)
 runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`). The model
-loads with `fold_norm="off"` (the runtime's default folds on CUDA), so only "+foldnorm"
+loads with `fold_norm="off"` and `swiglu="off"` (the runtime's defaults on CUDA are on), so only "+foldnorm"
 runs each add+RMSNorm inside the skinny linear after it (`set_linear(..., fold_norm=True)`; the norm
 weights are then folded into the GEMM weights before any mode runs, so every mode runs the same
-model); a "+fp8" suffix runs a second copy of
+model); a "+swiglu" suffix computes silu*up in the gate/up skinny linear's epilogue instead of its
+own launch (`set_linear(..., swiglu=True)`), "+rope" RoPE + the KV write in the qkv skinny linear's
+epilogue instead of `rope_kv`'s launch (`set_linear(..., rope=True)`); a "+fp8" suffix runs a second copy of
 the model with weight-only fp8 GEMM weights (`load_model(weight_format="fp8")`; with "gemv" the
 fp8 skinny linear runs every forward) against its own floor (`bytes_read` of the fp8 spec); its
 logits differ from "off" by the quantization.
@@ -109,14 +113,20 @@ def device_ops(model, cache: KVCache, device: torch.device) -> float:
     return float(sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA))
 
 
+def step_inputs(spec, t: int, kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens (t,), positions (t,), causal tree mask (t, t)) of one step after kv cached tokens, as
+    host (CPU) tensors: what `ModelRunner` hands `GraphRunner.run`, which stages them with one
+    pinned host-to-device copy (device tensors would take its ~8-op device-copy path instead)."""
+    gen = torch.Generator().manual_seed(t)
+    toks = torch.randint(0, spec.vocab, (t,), generator=gen)
+    return toks, kv + torch.arange(t), torch.ones(t, t, dtype=torch.bool).tril()
+
+
 def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, logits: dict) -> list[dict]:
     """Time every token count through `runner`; compare logits with those of fusion "off"."""
     device, rows = runner.model.device, []
     for t in args.tokens:
-        gen = torch.Generator().manual_seed(t)
-        toks = torch.randint(0, spec.vocab, (t,), generator=gen).to(device)
-        pos = kv + torch.arange(t, device=device)
-        mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        toks, pos, mask = step_inputs(spec, t, kv)
         ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, 10, device)  # noqa: B023
         out = runner.run(toks, pos, pos, kv, mask).float()
         ref = logits.setdefault((kv, t), out) if base["fusion"] == "off" else logits.get((kv, t))
@@ -145,10 +155,7 @@ def paired_rows(args, setup: Callable, cache: KVCache, spec, kv: int, bw: float)
         model = setup(fusion)
         runners.append((fusion, GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))))
     for t in args.tokens:
-        gen = torch.Generator().manual_seed(t)
-        toks = torch.randint(0, spec.vocab, (t,), generator=gen).to(device)
-        pos = kv + torch.arange(t, device=device)
-        mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        toks, pos, mask = step_inputs(spec, t, kv)
         times: dict[str, list[float]] = {f: [] for f, _ in runners}
         outs = {}
         for r in range(args.reps + 3):  # 3 warm-up rounds
@@ -220,7 +227,8 @@ def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) ->
 def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
     def load(fmt: str):
         return load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
-                          num_layers=args.layers, weight_format=fmt, fold_norm="off")  # fmt: skip
+                          num_layers=args.layers, weight_format=fmt, fold_norm="off",
+                          swiglu="off")  # fmt: skip
 
     native = load("native")
     if any("foldnorm" in f.split("+") for f in args.fusions):
@@ -238,7 +246,7 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
         model.set_fusion(fu)
         gemv_rows = next((int(e[4:]) for e in extras if e.startswith("gemv") and e[4:].isdigit()), None)
         model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows,
-                         fold_norm="foldnorm" in extras)
+                         fold_norm="foldnorm" in extras, swiglu="swiglu" in extras, rope="rope" in extras)
         if model.attention == "triton":
             model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
                                 max_block_m=64 if "bm64" in extras else 128, tma=False if "notma" in extras else None)
@@ -402,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch, +kernelcombine (tree attention's"
                          " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +notma (no TMA K/V loads), +gemvN (skinny linear up to N"
-                         " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
+                         " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear), +swiglu (silu*up in the gate/up skinny linear), +rope (RoPE + KV write in the qkv one) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
     ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,
                     help=f"GEMMs-alone table: the skinny linear too for up to this many tokens (default {MAX_ROWS},"
                          f" at most {MAX_ROWS_DOT})")

@@ -48,6 +48,8 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
     new_host = host == "new" and bool((n.op == "host").any())
     keep = b[~b.model.isin(replaced) & ~((b.op == "host") & new_host)]
     rows = pd.concat([keep, n if new_host else n[n.op != "host"], *copies], ignore_index=True)
+    # the order `profile compute` writes, so that a merge's diff shows only the rows that changed
+    rows = rows.sort_values(["op", "model", "tp", "kv_len", "tokens"], kind="stable", ignore_index=True)
     meta = dict(mb)
     def names(e: str) -> set[str]:  # entries such as "forward Llama-3-70B tp1", "Qwen2-72B tp1: needs ..."
         return set(e.replace(":", " ").split())
@@ -57,9 +59,10 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
         meta[key] = ([e for e in mb.get(key, []) if not replaced & names(e)]
                      + [e for e in mn.get(key, []) if replaced & names(e)])
     meta["incomplete"] = bool(meta["incomplete_tables"])
+    kernels = ("attention", "fold_norm", "fusion", "linear", "pdl", "swiglu", "tree_growth")
     meta["merged"] = list(mb.get("merged", [])) + [
         {"date": mn.get("date"), "command": mn.get("command"), "models": sorted(replaced),
-         "host": new_host, "kernels": {k: mn.get(k) for k in ("attention", "fold_norm", "fusion", "linear", "tree_growth")}}]
+         "host": new_host, "kernels": {k: mn.get(k) for k in kernels}}]
     return rows, meta
 
 

@@ -345,7 +345,7 @@ def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, 
     click.echo(f"wrote {res.out}/compute.csv ({len(res.compute)} rows: "
                + ", ".join(f"{k} {v}" for k, v in sorted(n.items())) + ")")
     if res.missing:
-        click.echo(f"incomplete: {res.missing} points not measured (time budget); run the same command again "
+        click.echo(f"incomplete: {res.missing} points not measured (time budget ran out); run the same command again "
                    f"to resume from {res.out}/compute.partial.csv", err=True)
 
 

@@ -51,9 +51,10 @@ def test_every_default_launch_shape_fits_sm90():
 
 def test_skinny_linear_launches_fit_sm90():
     """Every dot-kind launch the model makes at 1-16 rows on the bundled models' TP 1-8 shards,
-    plain and (before qkv, gate/up and the LM head) as the RMSNorm kind with a residual, compiles
-    for sm_90 within its shared memory and without spills. The stage rule counts the residual tile
-    (4 stages of 256-wide K steps there; 6 would not fit, so the check can fail)."""
+    plain and (before qkv, gate/up and the LM head) as the RMSNorm kind with a residual, with the
+    gate/up's swiglu epilogue and the qkv's rope epilogue, compiles for sm_90 within its shared
+    memory and without spills. The stage rule counts the residual tile (4 stages of 256-wide K steps
+    there; 6 would not fit, so the check can fail)."""
     from swiftspec.kernels.gemv import dot_config
 
     launches = set()
@@ -62,16 +63,19 @@ def test_skinny_linear_launches_fit_sm90():
         for tp in (1, 2, 4, 8):
             sh = spec.shard(tp)
             qkv = (sh.q_heads + 2 * sh.kv_heads) * spec.head_dim
-            shapes = [(qkv, spec.hidden, True), (spec.hidden, sh.q_heads * spec.head_dim, False),
-                      (2 * sh.ffn, spec.hidden, True), (spec.hidden, sh.ffn, False), (sh.vocab, spec.hidden, True)]
+            shapes = [(qkv, spec.hidden, True, "rope"), (spec.hidden, sh.q_heads * spec.head_dim, False, ""),
+                      (2 * sh.ffn, spec.hidden, True, "swiglu"), (spec.hidden, sh.ffn, False, ""),
+                      (sh.vocab, spec.hidden, True, "")]
             for m in (1, 4, 16):
-                for n, k, normed in shapes:
+                for n, k, normed, epilogue in shapes:
                     for rms in (False, True) if normed else (False,):
-                        launches.add((dot_config(m, n, k, 2, 2, residual=rms), rms))
+                        for epi in {"", epilogue}:
+                            launches.add((dot_config(m, n, k, 2, 2, residual=rms, norm=rms), rms, epi))
     items = sorted(launches, key=str)
-    assert any(cfg.block_k == 256 and rms for cfg, rms in items)  # 256-wide steps with a residual occur
+    assert any(cfg.block_k == 256 and rms for cfg, rms, _ in items)  # 256-wide steps with a residual occur
+    assert any(cfg.split_k > 1 and epi == "rope" for cfg, _, epi in items)  # the rope epilogue in a split launch
     for item, r in zip(items, compile_check.gemv_reports(items), strict=True):
         assert r.fits and r.spill_bytes == 0, (item, r)
     cfg = dot_config(1, 1280, 8192, 2, 2, residual=True)  # 70B TP-8 qkv
-    six = compile_check.gemv_reports([(DotConfig(**{**cfg.__dict__, "num_stages": 6}), True)])[0]
+    six = compile_check.gemv_reports([(DotConfig(**{**cfg.__dict__, "num_stages": 6}), True, "")])[0]
     assert cfg.num_stages == 4 and six.shared_bytes > compile_check.SM90_SHARED_LIMIT and not six.fits

@@ -131,6 +131,42 @@ def test_fold_norm_matches_off(make_checkpoint, name):
 
 
 @cpu_interpreted
+@pytest.mark.parametrize("name,fold,swiglu,rope", [("llama-linear-3layers", False, True, False),
+                                                   ("qwen2-bias", True, True, False),
+                                                   ("llama-tied-llama3", True, True, True),
+                                                   ("qwen2-bias", False, False, True)])
+def test_gemm_epilogues_match_off(make_checkpoint, name, fold, swiglu, rope):
+    """set_linear("triton", swiglu=True) and/or rope=True: the <= 16-token steps compute silu(gate) *
+    up in the gate/up skinny linear's epilogue (no silu_mul launch) and RoPE + the KV write in the
+    qkv one's (no rope_kv launch); the 20-token prefill keeps both launches. With and without the
+    folded norm and a qkv bias; logits and cache equal the eager model's to 1e-5."""
+    arch, overrides = CONFIGS[name]
+    path = make_checkpoint(arch, **overrides)
+    ref, ref_cache = steps(load_model(path), 11)
+    model = load_model(path)
+    model.set_fusion("triton")
+    model.set_linear("triton", fold_norm=fold, swiglu=swiglu, rope=rope)
+    acts, ropes, epilogues = [], [], []
+    norm, rope_kv, act = model._fused_ops
+    model._fused_ops = (norm, lambda x, *a, **kw: ropes.append(x.shape[0]) or rope_kv(x, *a, **kw),
+                        lambda x, **kw: acts.append(x.shape[0]) or act(x, **kw))
+    kernel = model._gemv
+    model._gemv = lambda x, *a, **kw: ((kw.get("act") or kw.get("rope")) and epilogues.append(x.shape[0])) or kernel(
+        x, *a, **kw)
+    got, got_cache = steps(model, 11)
+    layers = model.spec.num_layers
+    steps_small = [9] * layers + [3] * layers
+    assert acts == [20] * layers + ([] if swiglu else steps_small)
+    assert ropes == [20] * layers + ([] if rope else steps_small)
+    assert sorted(epilogues) == sorted(steps_small * (int(swiglu) + int(rope)))
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 1e-5
+    assert rel_err(got_cache.kv, ref_cache.kv) <= 1e-5
+    model.set_linear("torch", swiglu=True, rope=True)  # no skinny linear: the flags have nothing to act on
+    assert not model.swiglu and not model.rope
+
+
+@cpu_interpreted
 def test_load_model_fold_norm(make_checkpoint):
     """load_model(fold_norm="on") folds the norms once the weights are read (norm weights ones, the
     same logits as the unfolded model to 1e-5); "auto" on the CPU leaves them; "on" without the
@@ -220,7 +256,9 @@ def test_set_fusion_modes(make_checkpoint):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("attention,linear,pdl", [("torch", "torch", "off"), ("triton", "torch", "off"),
                                                   ("triton", "triton", "off"), ("triton", "triton", "on"),
-                                                  ("triton", "triton+foldnorm", "off"), ("triton", "triton+foldnorm", "on")])
+                                                  ("triton", "triton+foldnorm", "off"), ("triton", "triton+foldnorm", "on"),
+                                                  ("triton", "triton+foldnorm+swiglu", "off"),
+                                                  ("triton", "triton+foldnorm+swiglu+rope", "off")])
 def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention, linear, pdl):
     from swiftspec.runtime.graphs import GraphRunner
 
@@ -228,7 +266,7 @@ def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention, linear,
     ref_model = load_model(path, device="cuda", attention=attention, fusion="off", linear="torch")
     model = load_model(path, device="cuda", attention=attention, linear=linear.split("+")[0], pdl=pdl)
     model.set_fusion("triton")
-    model.set_linear(model.linear, fold_norm=linear.endswith("+foldnorm"))
+    model.set_linear(model.linear, fold_norm="+foldnorm" in linear, swiglu="+swiglu" in linear, rope="+rope" in linear)
     gen = torch.Generator().manual_seed(5)
     mask, depth = tree(11, gen)
     toks = torch.randint(0, 256, (11,), generator=gen)

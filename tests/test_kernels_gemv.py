@@ -24,6 +24,21 @@ def _rand(shape, gen, dtype):
     return (0.3 + torch.randn(shape, generator=gen)).to(dtype).to(DEVICE)
 
 
+def assert_same_epilogue(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """An epilogue variant (its tile rows interleaved) against the plain launch + the separate
+    kernel: bit for bit on the GPU in bfloat16. Under the interpreter a dot's float32 sums depend on
+    the weight row's position in the tile (numpy), so there it is all but the last bit: float32
+    within 1e-6 of the largest value; bf16 >= 99 % of the values equal, the rest within one bf16
+    rounding (4e-3) of the largest."""
+    if got.is_cuda and got.dtype == torch.bfloat16:
+        assert torch.equal(got, ref)
+        return
+    tol = 1e-6 if got.dtype == torch.float32 else 4e-3
+    assert float((got.float() - ref.float()).abs().max() / ref.float().abs().max()) <= tol
+    if got.dtype != torch.float32:
+        assert float((got == ref).float().mean()) >= 0.99
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k", [(1, 40, 96), (3, 17, 200), (8, 64, 64), (16, 33, 130)])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -95,6 +110,114 @@ def test_gemv_rms_matches_add_rmsnorm_then_gemv(dtype, m, n, k, with_residual, p
         assert torch.equal(out, new_res)
     # without the norm the result is another one: the test would see a missing rms scale
     assert err(gemv(x, fold_norm_weight(w, g), b)) > 0.5
+
+
+def _epilogue_case(m: int, n: int, k: int, split_k, variant: str, gen, dtype):
+    """x (m, k), weights (n, k) ~ 1/sqrt(k) (outputs of a few units: there silu(g) is not g, as it
+    is in float at ~300) and gemv's keyword arguments for `variant`: "fp8" (quantized weights and
+    their scales), "rms" (the folded norm with a residual), otherwise plain."""
+    from swiftspec.kernels.gemv import fold_norm_weight
+
+    x, w = _rand((m, k), gen, dtype), (_rand((n, k), gen, torch.float32) / k**0.5).to(dtype)
+    kw: dict = {"split_k": split_k}
+    if variant == "fp8":
+        w, kw["scale"] = (t.to(DEVICE) for t in quantize_fp8(w.float().cpu()))
+    if variant == "rms":
+        g = (1 + 0.3 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
+        w, r = fold_norm_weight(w, g), _rand((m, k), gen, dtype)
+        kw.update(rms_eps=1e-5, residual=r, residual_out=torch.empty_like(x))
+    return x, w, kw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,f,k,split_k", [(1, 20, 96, 1), (3, 35, 200, 1), (16, 64, 130, 1), (5, 40, 4096, None),
+                                           (2, 33, 300, 2), (20, 24, 256, 4)])
+@pytest.mark.parametrize("variant", ["plain", "fp8", "rms"])
+def test_gemv_swiglu_equals_silu_mul_after_gemv(dtype, m, f, k, split_k, variant):
+    """act="swiglu" gives silu_mul(gemv(x, w13, ...)): in the epilogue (split_k 1) and in the split-K
+    sum (split_k 2, 4, and the default rule's 4 at K 4096), with fp8 weights and with the folded
+    norm (and its residual); (M, F) from gate|up weights (2F, K). Equal as `assert_same_epilogue`
+    says (bit for bit in bf16 on the GPU)."""
+    from swiftspec.kernels.silu_mul import silu_mul
+
+    if variant == "rms" and split_k not in (None, 1):
+        pytest.skip("the folded norm never splits K")
+    gen = torch.Generator().manual_seed(m * 7 + f + k)
+    x, w, kw = _epilogue_case(m, 2 * f, k, split_k, variant, gen, dtype)
+    got = gemv(x, w, act="swiglu", **kw)
+    ref_kw = {**kw, "residual_out": torch.empty_like(x)} if variant == "rms" else kw
+    ref = silu_mul(gemv(x, w, **ref_kw))
+    assert got.shape == (m, f) and got.dtype == dtype
+    assert_same_epilogue(got, ref)
+    if variant == "rms":  # h = x + residual, stored as the plain folded launch stores it
+        assert torch.equal(kw["residual_out"], ref_kw["residual_out"])
+    # the activation really ran: the product alone differs
+    assert not torch.equal(got, gemv(x, w, **kw)[:, :f] * gemv(x, w, **kw)[:, f:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,hq,hkv,d,k,split_k", [(1, 4, 2, 16, 96, 1), (3, 6, 2, 32, 200, 1), (16, 2, 1, 64, 130, 1),
+                                                  (5, 4, 2, 16, 4096, None), (2, 3, 3, 16, 300, 2),
+                                                  (9, 4, 1, 32, 256, 4)])
+@pytest.mark.parametrize("variant", ["plain", "bias", "fp8", "rms"])
+def test_gemv_rope_equals_rope_kv_after_gemv(dtype, m, hq, hkv, d, k, split_k, variant):
+    """gemv(rope=RopeKV(...)) on a fused qkv projection gives `rope_kv(gemv(x, wqkv, ...), ...)`: the
+    same q and the same two caches (rotated k and v at the slots, every other slot untouched), in
+    the epilogue (split_k 1) and in the split-K sum (2, 4, and the rule's 4 at K 4096), with a qkv
+    bias, fp8 weights and the folded norm. Equal as `assert_same_epilogue` says."""
+    from swiftspec.kernels.gemv import RopeKV
+    from swiftspec.kernels.rope_kv import rope_kv
+
+    if variant == "rms" and split_k not in (None, 1):
+        pytest.skip("the folded norm never splits K")
+    gen = torch.Generator().manual_seed(m * 11 + hq + d + k)
+    n = (hq + 2 * hkv) * d
+    x, w, kw = _epilogue_case(m, n, k, split_k, variant, gen, dtype)
+    b = _rand((n,), gen, dtype) if variant == "bias" else None
+    ang = torch.randn(m, d // 2, generator=gen) * 3
+    cos = torch.cat([ang.cos()] * 2, 1).to(dtype).to(DEVICE)
+    sin = torch.cat([ang.sin()] * 2, 1).to(dtype).to(DEVICE)
+    slots = torch.randperm(2 * m + 3, generator=gen)[:m].to(DEVICE)
+    caches = [_rand((hkv, 2 * m + 3, d), gen, dtype) for _ in range(2)]
+    ref_caches = [c.clone() for c in caches]
+    got = gemv(x, w, b, rope=RopeKV(cos, sin, slots, *caches, hq, hkv), **kw)
+    ref_kw = {**kw, "residual_out": torch.empty_like(x)} if variant == "rms" else kw
+    qkv = gemv(x, w, b, **ref_kw)
+    ref = rope_kv(qkv, cos, sin, slots, *ref_caches, hq, hkv)
+    assert got.shape == (m, hq, d) and got.dtype == dtype
+    for a, e in ((got, ref), *zip(caches, ref_caches)):
+        assert_same_epilogue(a, e)
+    if variant == "rms":
+        assert torch.equal(kw["residual_out"], ref_kw["residual_out"])
+    # the rotation really ran: q differs from the projection's q columns
+    assert float((got.reshape(m, -1) - qkv[:, : hq * d]).abs().max()) > 0.1
+
+
+def test_gemv_rope_rejects_bad_arguments():
+    from swiftspec.kernels.gemv import RopeKV
+
+    x, w = torch.randn(2, 8, device=DEVICE), torch.randn(4 * 16, 8, device=DEVICE)
+    cs = torch.randn(2, 16, device=DEVICE)
+    cache = torch.randn(1, 8, 16, device=DEVICE)
+    slots = torch.tensor([0, 1], device=DEVICE)
+    with pytest.raises(ValueError, match="qkv must be"):
+        gemv(x, w, rope=RopeKV(cs, cs, slots, cache, cache, 3, 1))  # (3 + 2) * 16 rows != 64
+    with pytest.raises(ValueError, match="no act"):
+        gemv(x, w, rope=RopeKV(cs, cs, slots, cache, cache, 2, 1), act="swiglu")
+    with pytest.raises(ValueError, match="cos and sin"):
+        gemv(x, w, rope=RopeKV(cs[:1], cs, slots, cache, cache, 2, 1))
+
+
+def test_gemv_swiglu_rejects_bad_arguments():
+    x, w = torch.randn(2, 8, device=DEVICE), torch.randn(6, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="act must be"):
+        gemv(x, w, act="gelu")
+    with pytest.raises(ValueError, match="act must be"):
+        gemv(x, w, torch.randn(6, device=DEVICE), act="swiglu")
+    with pytest.raises(ValueError, match="act must be"):
+        gemv(x, w[:5], act="swiglu")
+    with pytest.raises(ValueError, match="act must be"):
+        gemv(x, w, act="swiglu", kind="fma")
 
 
 def test_gemv_rms_rejects_bad_arguments():
@@ -196,21 +319,24 @@ def test_gemv_split_k_matches_reference(m, n, k, split_k, fp8):
 
 
 def test_native_split_k_rule_and_default_launch():
-    """Native weights split K in 4 at <= 16 rows only below SPLIT_MAX_BLOCKS column blocks with
-    K >= SPLIT_MIN_K (the TP-shard qkv GEMMs), never with the folded norm; such a default launch
-    equals the reference and the unsplit launch up to float32 summation order."""
-    from swiftspec.kernels.gemv import SPLIT_MAX_BLOCKS, SPLIT_MIN_K, dot_config
+    """Native weights split K at <= 16 rows only with too few column blocks for a long K
+    (`SPLIT_RULES`), never with the folded norm; such a default launch equals the reference and
+    the unsplit launch up to float32 summation order."""
+    from swiftspec.kernels.gemv import SPLIT_RULES, dot_config
 
     def split(m, n, k, **kw):
         return dot_config(m, n, k, 2, 2, **kw).split_k
 
+    assert SPLIT_RULES[0] == (32, 4096, 4)
     assert split(1, 1280, 8192) == 4 and split(16, 768, 4096) == 4  # 70B TP 8, 8B TP 8 qkv
-    assert split(1, 64 * SPLIT_MAX_BLOCKS, 8192) == 1  # enough column blocks
-    assert split(1, 1280, SPLIT_MIN_K // 2) == 1 and split(32, 1280, 8192) == 1  # short K, more rows
+    assert split(8, 2048, 8192) == 4 and split(8, 2048, 2048) == 1  # the 1B's down and o (32 blocks)
+    assert split(1, 2560, 8192) == 2 and split(1, 2560, 4096) == 1  # 70B TP 4 qkv (40 blocks); short K
+    assert split(1, 64 * 41, 8192) == 1 and split(1, 4096, 14336) == 1  # enough column blocks
+    assert split(1, 1280, 2048) == 1 and split(32, 1280, 8192) == 1  # short K, more rows
     assert split(1, 1280, 8192, norm=True) == 1 and split(1, 1280, 8192, residual=True) == 1
     assert split(1, 1280, 8192, split_k=2) == 2 and dot_config(1, 1280, 8192, 1, 2, fp8=True).split_k == 4
     gen = torch.Generator().manual_seed(11)
-    x, w = _rand((3, SPLIT_MIN_K), gen, torch.float32), _rand((70, SPLIT_MIN_K), gen, torch.float32)
+    x, w = _rand((3, 4096), gen, torch.float32), _rand((70, 4096), gen, torch.float32)
     got, one = gemv(x, w), gemv(x, w, split_k=1)
     ref = F.linear(x.double(), w.double())
     assert float((got.double() - ref).abs().max() / ref.abs().max()) <= 1e-5

@@ -124,6 +124,18 @@ def test_time_budget_leaves_partial_and_marks_incomplete(make_checkpoint, tmp_pa
     assert json.loads((tmp_path / "p" / "meta.json").read_text())["compute"]["incomplete"] is True
 
 
+def test_shards_without_room_are_not_counted_as_budget_misses():
+    """A shard that does not fit the device is skipped: its points are not 'missing' (a rerun cannot
+    measure them), while a budget-cut shard's points are."""
+    from swiftspec.profiler.compute import budget_missing
+
+    wanted = {("forward", "A", 1, 1, 16), ("forward", "A", 1, 2, 16), ("forward", "A", 2, 1, 16), ("embed", "B", 1, 1, 0)}
+    have = {("forward", "A", 2, 1, 16)}
+    assert budget_missing(wanted, have, set()) == 3
+    assert budget_missing(wanted, have, {("A", 1)}) == 1
+    assert budget_missing(wanted, have, {("A", 1), ("B", 1)}) == 0
+
+
 def test_aliases_copy_rows_of_identical_shapes(make_checkpoint, tmp_path):
     a = make_checkpoint("llama")
     b = make_checkpoint("llama", seed=5)  # same shapes, other folder name

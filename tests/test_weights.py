@@ -148,3 +148,26 @@ def test_fold_norm_default_follows_the_skinny_linear():
     assert kernel_settings("cuda", "fp8")["fold_norm"] == "off" and kernel_settings("cpu")["fold_norm"] == "off"
     assert kernel_mismatch(kernel_settings("cuda", "fp8"), "cuda") == ["weight_format: profile fp8, runtime native"]
     assert kernel_mismatch({**cuda, "fold_norm": "off"}, "cuda") == ["fold_norm: profile off, runtime tp1"]
+
+
+def test_swiglu_default_follows_the_skinny_linear(make_checkpoint):
+    """swiglu "auto" is on where the gate/up skinny linear runs (CUDA, linear and fusion "triton")
+    with native weights, at any TP; "on" needs linear "triton"; profiles record it, and a profile
+    of before it (swiglu off) is flagged."""
+    from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, load_model, resolve_swiglu
+
+    assert resolve_swiglu("cuda") is True and resolve_swiglu("cpu") is False
+    assert resolve_swiglu("cuda", linear="torch") is False and resolve_swiglu("cuda", fusion="off") is False
+    assert resolve_swiglu("cuda", weight_format="fp8") is False
+    assert resolve_swiglu("cpu", "on") is True and resolve_swiglu("cuda", "off") is False
+    with pytest.raises(UserError, match="swiglu must be one of auto, on, off"):
+        resolve_swiglu("cuda", "yes")
+    with pytest.raises(UserError, match="swiglu needs linear 'triton'"):
+        resolve_swiglu("cpu", "on", linear="torch")
+    cuda = kernel_settings("cuda")
+    assert cuda["swiglu"] == "on" and kernel_settings("cuda", "fp8")["swiglu"] == "off"
+    assert kernel_settings("cpu")["swiglu"] == "off"
+    assert kernel_mismatch({**cuda, "swiglu": "off"}, "cuda") == ["swiglu: profile off, runtime on"]
+    path = make_checkpoint("llama")
+    assert load_model(path, linear="triton", fusion="triton", swiglu="on").swiglu
+    assert not load_model(path, linear="triton", fusion="triton").swiglu  # auto: off on the CPU

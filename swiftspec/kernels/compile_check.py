@@ -74,13 +74,14 @@ def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]]
     return _in_child("tree_attention", [[dataclasses.asdict(c), d, g] for c, d, g in items], dtype, capability)
 
 
-def gemv_reports(items: Sequence[tuple[DotConfig, bool]], dtype: str = "bf16",
+def gemv_reports(items: Sequence[tuple[DotConfig, bool, str]], dtype: str = "bf16",
                  capability: int = 90) -> list[CompileReport]:
-    """Compile the skinny linear's dot kernel once per (launch shape, rms) (`gemv.dot_config`; rms:
-    the RMSNorm kind with a residual, `gemv(rms_eps=, residual=)`) with weights and x in `dtype`."""
+    """Compile the skinny linear's dot kernel once per (launch shape, rms, epilogue) (`gemv.dot_config`;
+    rms: the RMSNorm kind with a residual, `gemv(rms_eps=, residual=)`; epilogue "", "swiglu"
+    (`gemv(act="swiglu")`) or "rope" (`gemv(rope=...)`, head dim 128)) with weights and x in `dtype`."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return [_gemv_report(cfg, rms, dtype, capability) for cfg, rms in items]
-    return _in_child("gemv", [[dataclasses.asdict(c), r] for c, r in items], dtype, capability)
+        return [_gemv_report(cfg, rms, epi, dtype, capability) for cfg, rms, epi in items]
+    return _in_child("gemv", [[dataclasses.asdict(c), r, e] for c, r, e in items], dtype, capability)
 
 
 def _in_child(kernel: str, items: list, dtype: str, capability: int) -> list[CompileReport]:
@@ -94,15 +95,17 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int) -> list[Com
 
 
 @functools.lru_cache(maxsize=256)
-def _gemv_report(cfg: DotConfig, rms: bool, dtype: str, capability: int) -> CompileReport:
+def _gemv_report(cfg: DotConfig, rms: bool, epilogue: str, dtype: str, capability: int) -> CompileReport:
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
-    pointers = ("X", "W", "S", "B", "Y", "P", "RES", "NEW_RES")
-    ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r")
+    pointers = ("X", "W", "S", "B", "Y", "P", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC")
+    ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
+            "stride_vc_h", "stride_vc_s", "HQ", "HKV")
     constexprs = {"HAS_BIAS": False, "HAS_SCALE": False, "IEEE": dtype == "fp32", "UPCAST": False, "F16": False,
-                  "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "BLOCK_M": cfg.block_m,
-                  "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "PDL": False}
-    signature = {**{p: "*fp32" if p in ("S", "P") else f"*{dtype}" for p in pointers}, "eps": "fp32",
-                 **dict.fromkeys(ints, "i32"), **dict.fromkeys(constexprs, "constexpr")}
+                  "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
+                  "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                  "BLOCK_K": cfg.block_k, "PDL": False}
+    signature = {**{p: "*fp32" if p in ("S", "P") else "*i64" if p == "SLOTS" else f"*{dtype}" for p in pointers},
+                 "eps": "fp32", **dict.fromkeys(ints, "i32"), **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in (*pointers, *ints[1:])}  # M (rows) is not
     return _compiled_report(_skinny_dot_kernel, signature, constexprs, attrs, cfg.num_warps, cfg.num_stages,
                             capability)
@@ -147,7 +150,7 @@ def _compiled_report(fn, signature: dict, constexprs: dict, attrs: dict, num_war
 if __name__ == "__main__":  # the child of tree_attention_reports / gemv_reports under TRITON_INTERPRET=1
     job = json.load(sys.stdin)
     if job["kernel"] == "gemv":
-        reports = gemv_reports([(DotConfig(**c), r) for c, r in job["items"]], job["dtype"], job["capability"])
+        reports = gemv_reports([(DotConfig(**c), r, e) for c, r, e in job["items"]], job["dtype"], job["capability"])
     else:
         reports = tree_attention_reports([(TreeAttentionConfig(**c), d, g) for c, d, g in job["items"]],
                                          job["dtype"], job["capability"])

@@ -36,10 +36,12 @@ SHARED_BYTES = 220 * 1024  # pipeline buffers' budget: Hopper has 227 KB of shar
 MAX_ROWS = 16  # the model's default: more token rows go to F.linear (measured at 1-16 rows only)
 MAX_ROWS_DOT = 256  # the dot kind's limit, any weight dtype (token rows fill the MMA's N side)
 MAX_ROWS_FP8 = MAX_ROWS_DOT  # fp8 weights: every forward (cuBLAS has no bf16 x fp8 GEMM), up to a prefill chunk
-# native weights at <= 16 rows split K in 4 when fewer than SPLIT_MAX_BLOCKS column blocks share a K of
-# at least SPLIT_MIN_K (TP-shard qkv: Llama-3-70B TP 8 is N 1280 x K 8192, 20 programs on 132 SMs):
-# 0.60-0.62x the unsplit time there, 0.78x at 32 blocks (bench_gemv-2026-12-04)
-SPLIT_MAX_BLOCKS, SPLIT_MIN_K = 32, 4096
+# native weights at <= 16 rows: (most column blocks, least K, split_k), first match wins. Too few column
+# blocks leave most of the 132 SMs idle, so K is split (measured, bench_gemv-2026-12-04{,a}: Llama-3-70B
+# TP-8 qkv, 20 blocks x K 8192, 0.60-0.62x the unsplit time in 4; Llama-3.2-1B down, 32 x 8192,
+# 0.77-0.80x in 4; Llama-3-70B TP-4 qkv, 40 x 8192, 0.87-0.92x in 2 and 1.03-1.04x in 4; 48 blocks or
+# K 2048: no gain)
+SPLIT_RULES = ((32, 4096, 4), (40, 8192, 2))
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 
@@ -68,10 +70,11 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 
 @triton.jit
 def _skinny_dot_kernel(X, W, S, B, Y, P, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
+                       COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
-                       HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PDL: tl.constexpr):
+                       HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
     # SPLIT_K > 1: program (i, s) sums the s-th K slice into its own float32 partial in P
@@ -79,9 +82,25 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, RES, NEW_RES, eps, M, N, K, stride_x, s
     # RMS: y = (w @ h.T) / rms(h) with h = x (+ RES): the norm's weight is folded into w, so both dot
     # operands stay as loaded (x and RES feed two dots into two accumulators) and the squares of h
     # are summed on the side; program 0 stores h to NEW_RES.
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # SWIGLU: W is a SwiGLU MLP's gate|up (N = 2F rows) and Y is (M, F): tile row 2i is gate row j,
+    # row 2i + 1 up row j (j = the program's i-th output), so the epilogue holds both halves of its
+    # outputs and applies silu(gate) * up; the K loop is the plain one.
+    # ROPE: W is the fused qkv (N = (HQ + 2 HKV) * 2 HALF rows) and Y the rotated q (M, HQ, 2 HALF):
+    # tile row 2i is column c of a head, row 2i + 1 column c + HALF (pair j = the program's i-th),
+    # so the epilogue rotates its pairs (`_rope_store`) and writes q to Y, k and v to the caches.
     rows = tl.arange(0, BLOCK_M)
-    ok_n, ok_m = cols < N, rows < M
+    ok_m = rows < M
+    if SWIGLU or ROPE:
+        r = tl.arange(0, BLOCK_N)
+        j = tl.program_id(0) * (BLOCK_N // 2) + r // 2
+        if SWIGLU:
+            cols = j + (r % 2) * (N // 2)
+        else:
+            cols = (j // HALF) * (2 * HALF) + j % HALF + (r % 2) * HALF
+        ok_n = j < N // 2
+    else:
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok_n = cols < N
     k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
     k_hi = tl.minimum(K, k_lo + k_per)
@@ -120,7 +139,19 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, RES, NEW_RES, eps, M, N, K, stride_x, s
     if HAS_BIAS:
         if tl.program_id(1) == 0:  # the bias once, in the first K slice
             acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
-    if SPLIT_K == 1:
+    if SPLIT_K == 1 and (SWIGLU or ROPE):
+        # rounded as the unfused path rounds: the projection stored in Y's dtype, then the next op
+        acc = acc.to(Y.dtype.element_ty).to(tl.float32)
+        g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))  # (BLOCK_N/2, BLOCK_M)
+        out = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        ok = (out < N // 2)[:, None] & ok_m[None, :]
+        if SWIGLU:
+            tl.store(Y + rows[None, :] * stride_y + out[:, None], _swiglu(g, u, Y.dtype.element_ty), mask=ok)
+        else:
+            _rope_store(g, u, out[:, None] + rows[None, :] * 0, rows[None, :] + out[:, None] * 0, ok, Y, stride_y,
+                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s,
+                        HQ, HKV, HALF)
+    elif SPLIT_K == 1:
         tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
                  mask=ok_n[:, None] & ok_m[None, :])
     else:
@@ -146,15 +177,89 @@ def _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok, stride_r, IEEE: tl.c
 
 
 @triton.jit
-def _split_sum_kernel(P, Y, TOTAL, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Y (TOTAL,) = sum over s of P (SPLIT_K, TOTAL) in s order, cast to Y's dtype."""
+def _split_sum_kernel(P, Y, TOTAL, F, stride_y, COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s,
+                      stride_vc_h, stride_vc_s, HQ, HKV, SPLIT_K: tl.constexpr, SWIGLU: tl.constexpr,
+                      ROPE: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Y (TOTAL,) = sum over s of P (SPLIT_K, TOTAL) in s order, cast to Y's dtype. SWIGLU: P holds
+    (M, 2F) gate|up partials and Y (M, F), TOTAL = M * F, gets silu(gate) * up of the sums. ROPE: P
+    holds (M, 2F) qkv partials, TOTAL = M * F pairs (column c and c + HALF of a head), rotated and
+    stored as `_rope_store` does."""
     grid_sync(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TOTAL
-    acc = tl.load(P + offs, mask=ok, other=0.0)
+    if ROPE:
+        m, j = offs // F, offs % F
+        src = m * 2 * F + (j // HALF) * (2 * HALF) + j % HALF  # column c of pair j; its partner is HALF further
+        x1, x2 = _sum_pair(P, src, HALF, ok, 2 * TOTAL, SPLIT_K)
+        dt = Y.dtype.element_ty
+        _rope_store(x1.to(dt).to(tl.float32), x2.to(dt).to(tl.float32), j, m, ok, Y, stride_y, COS, SIN, SLOTS, KC,
+                    VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV, HALF)
+    elif SWIGLU:
+        src = (offs // F) * 2 * F + offs % F  # gate column j of row m; its up column is F further
+        g, u = _sum_pair(P, src, F, ok, 2 * TOTAL, SPLIT_K)
+        dt = Y.dtype.element_ty
+        tl.store(Y + offs, _swiglu(g.to(dt).to(tl.float32), u.to(dt).to(tl.float32), dt), mask=ok)
+    else:
+        acc = tl.load(P + offs, mask=ok, other=0.0)
+        for s in tl.static_range(1, SPLIT_K):
+            acc += tl.load(P + s * TOTAL + offs, mask=ok, other=0.0)
+        tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _sum_pair(P, src, other, ok, STRIDE, SPLIT_K: tl.constexpr):
+    """The sums, in split order, of the SPLIT_K partials (STRIDE elements apart) at src and at
+    src + other."""
+    a = tl.load(P + src, mask=ok, other=0.0)
+    b = tl.load(P + src + other, mask=ok, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(P + s * TOTAL + offs, mask=ok, other=0.0)
-    tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=ok)
+        a += tl.load(P + s * STRIDE + src, mask=ok, other=0.0)
+        b += tl.load(P + s * STRIDE + src + other, mask=ok, other=0.0)
+    return a, b
+
+
+@triton.jit
+def _rope_store(x1, x2, j, m, ok, Q, stride_q, COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s,
+                stride_vc_h, stride_vc_s, HQ, HKV, HALF: tl.constexpr):
+    """RoPE + KV write of qkv pairs: x1, x2 (any shape, float32 values of Q's dtype) are columns
+    c and c + HALF of head j // HALF (c = j % HALF) for token row m (j, m: that shape). q heads
+    (< HQ) are rotated into Q (M, HQ, 2 HALF; row stride stride_q), k heads rotated into KC and v
+    heads copied into VC ((HKV, S, 2 HALF) caches) at slot SLOTS[m]. Rotation and roundings as
+    `rope_kv` (`_rotate`): x * cos + rotate_half(x) * sin, each product and the sum rounded."""
+    dt = Q.dtype.element_ty
+    head, c = j // HALF, j % HALF
+    cs = COS + m * stride_cos + c
+    ss = SIN + m * stride_cos + c
+    c1 = tl.load(cs, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cs + HALF, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(ss, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(ss + HALF, mask=ok, other=0.0).to(tl.float32)
+    a1 = (x1 * c1).to(dt).to(tl.float32)
+    b1 = (x2 * s1).to(dt).to(tl.float32)
+    a2 = (x2 * c2).to(dt).to(tl.float32)
+    b2 = (x1 * s2).to(dt).to(tl.float32)
+    is_q, is_v = head < HQ, head >= HQ + HKV
+    o1 = tl.where(is_v, x1, (a1 - b1).to(dt).to(tl.float32)).to(dt)
+    o2 = tl.where(is_v, x2, (a2 + b2).to(dt).to(tl.float32)).to(dt)
+    qd = Q + m * stride_q + head * (2 * HALF) + c
+    tl.store(qd, o1, mask=ok & is_q)
+    tl.store(qd + HALF, o2, mask=ok & is_q)
+    slot = tl.load(SLOTS + m, mask=ok & ~is_q, other=0).to(tl.int64)
+    is_k = ~is_q & ~is_v
+    kd = KC + (head - HQ) * stride_kc_h + slot * stride_kc_s + c
+    tl.store(kd, o1, mask=ok & is_k)
+    tl.store(kd + HALF, o2, mask=ok & is_k)
+    vd = VC + (head - HQ - HKV) * stride_vc_h + slot * stride_vc_s + c
+    tl.store(vd, o1, mask=ok & is_v)
+    tl.store(vd + HALF, o2, mask=ok & is_v)
+
+
+@triton.jit
+def _swiglu(g, u, dtype: tl.constexpr):
+    """silu(g) * u as `silu_mul` rounds it (g, u float32 values of the dtype): silu in float32
+    rounded to the dtype, then the product rounded."""
+    sg = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return (sg * u).to(dtype)
 
 
 @triton.jit
@@ -223,14 +328,34 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
         # rows per program, 256-wide K steps for the N = 4096 outputs (o, down: fewer programs, so
         # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
         bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
-        few = triton.cdiv(n, bn) < SPLIT_MAX_BLOCKS and k >= SPLIT_MIN_K and bm <= 16
-        split_k = split_k or (4 if few and not (norm or residual) else 1)
+        if not split_k:
+            split_k = 1 if bm > 16 or norm or residual else native_split(triton.cdiv(n, bn), k)
     num_warps, split_k = num_warps or 4, min(split_k or 1, triton.cdiv(k, bk))
     stage_bytes = (bn * w_bytes + bm * x_bytes * (2 if residual else 1)) * bk  # weight tile + x (+ residual) tile
     # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
     room = SHARED_BYTES - (stage_bytes if pdl else 0)
     num_stages = num_stages or max(1, min(5, room // stage_bytes))
     return DotConfig(bm, bn, bk, num_warps, num_stages, split_k)
+
+
+def native_split(blocks: int, k: int) -> int:
+    """split_k for native weights at <= 16 rows: `SPLIT_RULES`' first match for this many column
+    blocks and this K, else 1."""
+    return next((split for most, least_k, split in SPLIT_RULES if blocks <= most and k >= least_k), 1)
+
+
+@dataclass(frozen=True)
+class RopeKV:
+    """What `gemv(rope=...)` needs to finish a fused qkv projection in its epilogue, as `rope_kv`
+    takes it: cos, sin (T, D) rows in x's dtype; slots (T,) int32/int64 cache slots on the device;
+    k_cache, v_cache (Hkv, S, D) of one layer, written in place; this shard's q_heads, kv_heads."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    q_heads: int
+    kv_heads: int
 
 
 def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) -> tuple[int, int, int]:
@@ -245,7 +370,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          scale: torch.Tensor | None = None, block_n: int | None = None, block_k: int | None = None,
          num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None,
          x_f16: bool = False, kind: str = "dot", pdl: bool = False, rms_eps: float | None = None,
-         residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None) -> torch.Tensor:
+         residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
+         act: str | None = None, rope: RopeKV | None = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 256 (MAX_ROWS_DOT) with kind "dot", M <= 16 (MAX_ROWS) with "fma"; the model uses it up to
@@ -266,8 +392,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     products, not TF32). split_k > 1 splits K over that many programs per column block, each
     writing a float32 partial (split_k * M * N * 4 bytes), summed in order by a second launch
     (`_split_sum_kernel`); fp8 weights use it (4) where N <= 8192, too few column blocks to fill
-    the GPU, native weights (4) at <= 16 rows below SPLIT_MAX_BLOCKS column blocks with K >=
-    SPLIT_MIN_K (TP-shard qkv GEMMs), but never with rms_eps. kind "fma": broadcast multiply + sum
+    the GPU, native weights at <= 16 rows with too few column blocks for a long K (`SPLIT_RULES`:
+    TP-shard qkv GEMMs, the 1B's down), but never with rms_eps. kind "fma": broadcast multiply + sum
     in float32 (no tensor cores; block_n 16 and 8192 products per K step). pdl: launch as a
     programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs); the dot kind then loads
     its first weight tile before waiting for the previous kernel.
@@ -280,6 +406,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     gemv(add_rmsnorm(x, residual, g, rms_eps)[0], W) up to rounding order: float32 ~1e-7; bf16
     within the two-launch path's own error of the exact result. Kind "dot", weights in x's dtype,
     split_k 1.
+
+    act="swiglu" (kind "dot", no bias): weight is a SwiGLU MLP's fused gate|up (2F, K) and the
+    result is silu(x @ gate.T) * (x @ up.T), (M, F): the activation in the GEMV's epilogue (or in
+    the split-K sum) instead of a launch of its own, equal bit for bit to
+    `silu_mul(gemv(x, weight, ...))` with the same other arguments.
+
+    rope (kind "dot", no act): weight is a fused qkv projection ((Hq + 2 Hkv) * D, K) and the
+    epilogue (or the split-K sum) does `rope_kv`'s work: it returns the rotated q (M, Hq, D) and
+    writes the rotated k and the v into rope.k_cache / rope.v_cache at rope.slots, equal bit for bit
+    to `rope_kv(gemv(x, weight, bias, ...), ...)`: one launch fewer per layer.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -310,8 +446,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                 raise ValueError(f"residual and residual_out must be contiguous {tuple(x.shape)} {x.dtype}")
     elif residual is not None or residual_out is not None:
         raise ValueError("residual needs rms_eps")
+    swiglu = act is not None
+    if act not in (None, "swiglu") or (swiglu and (kind != "dot" or bias is not None or n % 2)):
+        raise ValueError(f"act must be None or 'swiglu' (kind 'dot', no bias, gate|up weights of an even row "
+                         f"count), got {act!r} with kind {kind!r}, {n} rows")
+    half, r = 1, rope
+    if rope is not None:
+        if swiglu or kind != "dot":
+            raise ValueError("rope needs kind 'dot' and no act")
+        from swiftspec.kernels.rope_kv import _check as check_rope  # the shapes `rope_kv` takes
+
+        half = check_rope(torch.empty((m, n), dtype=x.dtype, device="meta"), r.cos, r.sin, r.slots, r.k_cache,
+                          r.v_cache, r.q_heads, r.kv_heads) // 2
     check_pdl(pdl, x.device)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if rope is not None:
+        y = torch.empty((m, rope.q_heads, 2 * half), dtype=x.dtype, device=x.device)
+    else:
+        y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     if kind == "dot":
@@ -327,17 +478,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             x = x.float().clamp(-65504.0, 65504.0).to(torch.float16)
         part = y if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
         res = residual if residual is not None else x
-        _skinny_dot_kernel[(triton.cdiv(n, bn), split_k)](
+        # rope's pointers, or x where unused
+        rp = (r.cos, r.sin, r.slots, r.k_cache, r.v_cache, r.cos.stride(0), r.k_cache.stride(0), r.k_cache.stride(1),
+              r.v_cache.stride(0), r.v_cache.stride(1), r.q_heads, r.kv_heads) if r else (x,) * 5 + (0,) * 7
+        pairs = swiglu or rope is not None  # each program's bn weight rows are bn / 2 pairs of rows
+        _skinny_dot_kernel[(triton.cdiv(n // 2, bn // 2) if pairs else triton.cdiv(n, bn), split_k)](
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
-            weight.stride(0), y.stride(0), res.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
-            UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None, BLOCK_M=bm,
-            BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+            weight.stride(0), y.stride(0), res.stride(0), *rp, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
+            UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
+            SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )
         if split_k > 1:
-            _split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, y, m * n, SPLIT_K=split_k, BLOCK=1024, PDL=pdl,
-                                                           **launch_options(pdl))
+            total = m * n // 2 if pairs else m * n
+            _split_sum_kernel[(triton.cdiv(total, 1024),)](part, y, total, n // 2, y.stride(0), *rp, SPLIT_K=split_k,
+                                                           SWIGLU=swiglu, ROPE=rope is not None, HALF=half,
+                                                           BLOCK=1024, PDL=pdl, **launch_options(pdl))
         return y
     if kind != "fma":
         raise ValueError(f"kind must be 'fma' or 'dot', got {kind!r}")

@@ -480,7 +480,7 @@ class ComputeResult:
     out: Path
     compute: pd.DataFrame
     skipped: list[str]
-    missing: int  # keys not measured (time budget ran out)
+    missing: int  # keys not measured because the time budget ran out (shards that do not fit: `skipped`)
 
 
 def _parse_models(models: Sequence[str]) -> list[tuple[str, str, ModelSpec]]:
@@ -558,6 +558,7 @@ def profile_compute(
     deadline = time.time() + time_budget_s if time_budget_s else None
 
     jobs, aliases, seen, skipped = [], {}, {}, []
+    no_room: set[tuple[str, int]] = set()  # (model, tp) shards that do not fit the device
     for name, source, spec in parsed:
         key = shape_key(spec)
         if alias and key in seen and seen[key] != name:
@@ -609,6 +610,7 @@ def profile_compute(
                 need = _shard_bytes(spec, job.tp, max(grid.kv) + max(grid.tokens) + 1, esize) + margin
                 if need > free:
                     skipped.append(f"{job.name} tp{job.tp}: needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+                    no_room.add((job.name, job.tp))
                     if bar is not None:
                         bar.update(len(job.todo()))
                     continue
@@ -619,6 +621,7 @@ def profile_compute(
                 profile_shard(job, device, torch_dtype, timer, emit, bar, deadline)
             except torch.cuda.OutOfMemoryError:
                 skipped.append(f"{job.name} tp{job.tp}: out of device memory")
+                no_room.add((job.name, job.tp))
             gc.collect()
             if device == "cuda":
                 torch.cuda.empty_cache()  # the shard's weights, caches and graphs are gone now
@@ -635,7 +638,7 @@ def profile_compute(
     measured = measured[measured["op"] != "layers"]
     wanted = {k for j in jobs for k in j.keys()} | set(host_keys)
     have = {tuple(k) for k in measured[["op", "model", "tp", "tokens", "kv_len"]].itertuples(index=False, name=None)}
-    missing = len(wanted - have)
+    missing = budget_missing(wanted, have, no_room)
     # a table cut short by the time budget stays in the partial file only: the latency model
     # needs full grids (layers follows forward)
     cut = sorted({(op, m, tp) for op, m, tp, *_ in wanted - have})
@@ -664,7 +667,7 @@ def profile_compute(
         timing=asdict(timing),
         aliases=aliases,
         skipped=skipped,
-        incomplete=missing > 0,
+        incomplete=bool(cut),
         incomplete_tables=[f"{op} {m} tp{tp}" for op, m, tp in cut],
         # named in the profile's label (Profile.label), so every plan that uses it says so
         unmeasured=[HOST_CAVEAT, "host async (copied from the derived profile)"] if host else [],
@@ -685,6 +688,13 @@ def profile_compute(
     if missing == 0:
         partial_path.unlink(missing_ok=True)
     return ComputeResult(out=out, compute=compute, skipped=skipped, missing=missing)
+
+
+def budget_missing(wanted: set[tuple], have: set[tuple], no_room: set[tuple[str, int]]) -> int:
+    """Points (op, model, tp, tokens, kv_len) wanted but not measured because the time budget ran out:
+    shards that do not fit the device (`no_room`, (model, tp)) are skipped, not missing, so a
+    rerun cannot measure them and the partial file need not stay for them."""
+    return sum((m, tp) not in no_room for _, m, tp, *_ in wanted - have)
 
 
 def _merge_existing(path: Path, new: pd.DataFrame) -> pd.DataFrame:
