@@ -171,3 +171,19 @@ def test_swiglu_default_follows_the_skinny_linear(make_checkpoint):
     path = make_checkpoint("llama")
     assert load_model(path, linear="triton", fusion="triton", swiglu="on").swiglu
     assert not load_model(path, linear="triton", fusion="triton").swiglu  # auto: off on the CPU
+
+
+def test_rope_epilogue_is_opt_in(make_checkpoint):
+    """rope "auto" stays off (the bundled profile was measured without it); "on" needs linear
+    "triton" and reaches the model; profiles record the setting."""
+    from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, load_model, resolve_rope
+
+    assert resolve_rope("cuda") is False and resolve_rope("cuda", "on") is True
+    with pytest.raises(UserError, match="rope must be one of auto, on, off"):
+        resolve_rope("cuda", "yes")
+    with pytest.raises(UserError, match="rope needs linear 'triton'"):
+        load_model(make_checkpoint("llama"), linear="torch", rope="on")
+    assert kernel_settings("cuda")["rope"] == "off"
+    assert kernel_mismatch({**kernel_settings("cuda"), "rope": "on"}, "cuda") == ["rope: profile on, runtime off"]
+    model = load_model(make_checkpoint("llama"), linear="triton", fusion="triton", rope="on")
+    assert model.rope and not model.swiglu

@@ -203,6 +203,7 @@ def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
 PDL_CHOICES = ("auto", "on", "off")
 FOLD_NORM_CHOICES = ("auto", "on", "off")
 SWIGLU_CHOICES = ("auto", "on", "off")
+ROPE_CHOICES = ("auto", "on", "off")
 WEIGHT_FORMATS = ("native", "fp8")
 
 
@@ -248,7 +249,20 @@ def resolve_swiglu(device: str | torch.device, swiglu: str = "auto", linear: str
     return swiglu == "on"
 
 
-KERNEL_SETTINGS = ("attention", "attention_combine", "fold_norm", "fusion", "linear", "pdl", "swiglu",
+def resolve_rope(device: str | torch.device, rope: str = "auto", linear: str = "triton") -> bool:
+    """Whether RoPE + the KV-cache write run in the qkv skinny linear's epilogue instead of their own
+    launch (`Transformer.set_linear(..., rope=True)`): "on", "off", or "auto" = off for now.
+    Measured on the H200 (benchmarks/KERNELS.md, "Twelfth session", paired, on top of swiglu):
+    Llama-3.2-1B steps 1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %. "auto" turns it on once the bundled
+    profile is re-measured with it (benchmarks/README.md, "Pending" item 1)."""
+    if rope not in ROPE_CHOICES:
+        raise UserError(f"rope must be one of {', '.join(ROPE_CHOICES)}, got {rope!r}")
+    if rope == "on" and linear != "triton":
+        raise UserError("rope needs linear 'triton' (the skinny linear applies it)")
+    return rope == "on"
+
+
+KERNEL_SETTINGS = ("attention", "attention_combine", "fold_norm", "fusion", "linear", "pdl", "rope", "swiglu",
                    "tree_growth", "weight_format")
 
 
@@ -262,7 +276,8 @@ def kernel_settings(device: str | torch.device, weight_format: str = "native") -
     swiglu = resolve_swiglu(device, linear=linear, fusion=fusion, weight_format=weight_format)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
             "fold_norm": "tp1" if fold else "off", "fusion": fusion, "linear": linear,
-            "pdl": "on" if resolve_pdl(device) else "off", "swiglu": "on" if swiglu else "off",
+            "pdl": "on" if resolve_pdl(device) else "off", "rope": "on" if resolve_rope(device, linear=linear) else "off",
+            "swiglu": "on" if swiglu else "off",
             "tree_growth": resolve_tree_growth(device), "weight_format": weight_format}
 
 
@@ -291,6 +306,7 @@ def load_model(
     pdl: str = "auto",
     fold_norm: str = "auto",
     swiglu: str = "auto",
+    rope: str = "auto",
     num_layers: int | None = None,
     weight_format: str = "native",
 ) -> Transformer:
@@ -311,6 +327,8 @@ def load_model(
     fold_norm: "auto" (see `resolve_fold_norm`), "on" or "off"; applied after the weights are read.
 
     swiglu: "auto" (see `resolve_swiglu`), "on" or "off".
+
+    rope: "auto" (see `resolve_rope`), "on" or "off".
 
     num_layers: keep only the first n decoder layers (latency work on a slice of a big model).
     weight_format: "native" (the GEMM weights in `dtype`) or "fp8" (weight-only float8_e4m3fn with
@@ -340,16 +358,17 @@ def load_model(
     if fold:  # before any weight is read
         check_fold_norm(weight_format, linear)
     act = resolve_swiglu(device, swiglu, linear, fusion, weight_format)
+    rot = resolve_rope(device, rope, linear)
     model = Transformer(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention,
         weight_format=weight_format,
     )
     model.set_fusion(fusion)
-    model.set_linear(linear, swiglu=act)
+    model.set_linear(linear, swiglu=act, rope=rot)
     model.set_pdl(resolve_pdl(device, pdl))
     _fill(model, read, names)
     if fold:  # the norm weights fold into the GEMM weights, so after those are read
-        model.set_linear(linear, fold_norm=True, swiglu=act)
+        model.set_linear(linear, fold_norm=True, swiglu=act, rope=rot)
     model.weights = weights
     return model.eval()
 
