@@ -206,6 +206,8 @@ def test_gemv_rope_rejects_bad_arguments():
         gemv(x, w, rope=RopeKV(cs, cs, slots, cache, cache, 2, 1), act="swiglu")
     with pytest.raises(ValueError, match="cos and sin"):
         gemv(x, w, rope=RopeKV(cs[:1], cs, slots, cache, cache, 2, 1))
+    with pytest.raises(ValueError, match="one row stride"):
+        gemv(x, w, rope=RopeKV(cs, torch.randn(2, 32, device=DEVICE)[:, :16], slots, cache, cache, 2, 1))
 
 
 def test_gemv_swiglu_rejects_bad_arguments():

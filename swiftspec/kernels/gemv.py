@@ -458,6 +458,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
         half = check_rope(torch.empty((m, n), dtype=x.dtype, device="meta"), r.cos, r.sin, r.slots, r.k_cache,
                           r.v_cache, r.q_heads, r.kv_heads) // 2
+        if r.cos.stride(0) != r.sin.stride(0):  # the epilogue steps through both with one row stride
+            raise ValueError(f"rope: cos and sin need one row stride, got {r.cos.stride(0)} and {r.sin.stride(0)}")
     check_pdl(pdl, x.device)
     if rope is not None:
         y = torch.empty((m, rope.q_heads, 2 * half), dtype=x.dtype, device=x.device)

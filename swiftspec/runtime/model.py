@@ -482,7 +482,7 @@ class Transformer(nn.Module):
         where it runs (<= its rows; norm_w is then ones, folded into w), else add_rmsnorm then
         `_lin`. res None: x alone. act, rope: as `_lin`'s."""
         eps, pdl = self.spec.rms_eps, self.pdl
-        if self.fold_norm and scale is None and x.shape[0] <= self._gemv_rows:
+        if self.fold_norm and scale is None and self._gemv_runs(x.shape[0], scale):
             x = x.contiguous()
             new_res = torch.empty_like(x) if res is not None else x
             y = self._gemv(x, w, b, kind="dot", pdl=pdl, rms_eps=eps, residual=res,
