@@ -19,8 +19,9 @@ dequantized weights and a floor of one byte per weight; it also runs more than 1
 `--shapes 70b-tp8,1b` picks other shape sets (one TP-8 shard of Llama-3-70B, Llama-3.2-1B; layer
 names then carry `@set`); `--defaults-only` replaces the sweep by cuBLAS, gemv's own config
 (`dot_default`), it split over K in 2 and 4 (`dot_default_k2/k4`) and it with the add+RMSNorm
-folded in (`dot_fold`: `gemv(rms_eps=, residual=)`, checked against the product of RMSNorm(x + r)
-and w), to ask where narrow shard GEMMs lose. `dot_default` is gemv's default at the time of the
+folded in (`dot_fold`: `gemv(rms_eps=, residual=)`, split by the same rule since 2026-12-05;
+`dot_fold_k1` forced unsplit; both checked against the product of RMSNorm(x + r) and w), to ask
+where narrow shard GEMMs lose. `dot_default` is gemv's default at the time of the
 run: in `bench_gemv-2026-12-04` that was unsplit everywhere (the split rule came from that run).
 `--split-sweep` runs cuBLAS, `dot_default` and `dot_default_k1/k2/k4` (K forced unsplit, in 2, in
 4) at any --rows, to place the split rule; shape sets 1b-tp2, 3b, 8b-tp2 and 70b-tp4 add the shards the
@@ -112,8 +113,12 @@ def main() -> None:
                 # beforehand, so the reference is the plain product of RMSNorm(x + r) and w)
                 variants["dot_fold"] = lambda w, x=x, r=r, r_out=r_out: gemv(
                     x, w, rms_eps=1e-5, residual=r, residual_out=r_out)
+                # the fold forced unsplit (before 2026-12-05 the fold never split K)
+                variants["dot_fold_k1"] = lambda w, x=x, r=r, r_out=r_out: gemv(
+                    x, w, rms_eps=1e-5, residual=r, residual_out=r_out, split_k=1)
                 h = x.float() + r.float()
-                refs = {"dot_fold": F.linear(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5), ws[0].float())}
+                refs = dict.fromkeys(("dot_fold", "dot_fold_k1"),
+                                     F.linear(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5), ws[0].float()))
             else:
                 refs = {}
             sweep = not (args.defaults_only or args.split_sweep)

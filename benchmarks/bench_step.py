@@ -70,13 +70,13 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (ms / 1e3)
 
 
-def bytes_read(spec: ModelSpec, tokens: int, kv_len: int) -> int:
-    """Bytes one forward must read: all weights except the embedding table (only T rows of it are
-    gathered; tied models read the table once as the LM head, unless fp8 gives the LM head its own
-    copy) plus K/V of kv_len + tokens slots."""
+def bytes_read(spec: ModelSpec, tokens: int, kv_len: int, tp: int = 1) -> int:
+    """Bytes one forward of one rank of a `tp`-way shard must read: its weights except the
+    embedding table (only T rows of it are gathered; an unsharded tied model reads the table once as
+    the LM head, unless fp8 gives the LM head its own copy) plus its K/V of kv_len + tokens slots."""
     embed = spec.vocab * spec.hidden * spec.dtype_bytes
-    weights = spec.weight_bytes(1) - (0 if spec.tie_embeddings and not spec.fp8 else embed)
-    return weights + (kv_len + tokens) * spec.kv_bytes_per_token(1)
+    weights = spec.weight_bytes(tp) - (0 if spec.tie_embeddings and not spec.fp8 and tp == 1 else embed)
+    return weights + (kv_len + tokens) * spec.kv_bytes_per_token(tp)
 
 
 def bench_ours(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:

@@ -25,7 +25,7 @@ combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps
 tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where
 the tile rule takes TMA (`tma=False`); a "+gemvN" suffix (e.g. triton+gemv64)
 runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`). The model
-loads with `fold_norm="off"` and `swiglu="off"` (the runtime's defaults on CUDA are on), so only "+foldnorm"
+loads with `fold_norm="off"`, `swiglu="off"` and `rope="off"` (the runtime's defaults on CUDA are on), so only "+foldnorm"
 runs each add+RMSNorm inside the skinny linear after it (`set_linear(..., fold_norm=True)`; the norm
 weights are then folded into the GEMM weights before any mode runs, so every mode runs the same
 model); a "+swiglu" suffix computes silu*up in the gate/up skinny linear's epilogue instead of its
@@ -81,6 +81,7 @@ from swiftspec.kernels.gemv import MAX_ROWS, MAX_ROWS_DOT, gemv  # noqa: E402
 from swiftspec.kernels.rmsnorm import add_rmsnorm  # noqa: E402
 from swiftspec.kernels.rope_kv import rope_kv  # noqa: E402
 from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel  # noqa: E402
+from swiftspec.profiler.compute import without_comm  # noqa: E402
 from swiftspec.runtime.graphs import GraphRunner  # noqa: E402
 from swiftspec.runtime.kv_cache import KVCache  # noqa: E402
 from swiftspec.runtime.model import apply_rope, rms_norm, silu_mul  # noqa: E402
@@ -130,7 +131,7 @@ def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, l
         ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, 10, device)  # noqa: B023
         out = runner.run(toks, pos, pos, kv, mask).float()
         ref = logits.setdefault((kv, t), out) if base["fusion"] == "off" else logits.get((kv, t))
-        nbytes = bytes_read(dataclasses.replace(spec, weight_format=base["weight_format"]), t, kv)
+        nbytes = bytes_read(dataclasses.replace(spec, weight_format=base["weight_format"]), t, kv, args.tp)
         row = {**base, "tokens": t, "floor_ms": nbytes / bw * 1e3, "bytes": nbytes,
                "median_ms": statistics.median(ms), "p10_ms": _q(ms, 0.1), "p90_ms": _q(ms, 0.9), "reps": len(ms),
                "pred_ms": PRED_MS.get((spec.name, t, kv), float("nan")) if base["fusion"] == "triton" else float("nan")}  # fmt: skip
@@ -174,9 +175,9 @@ def paired_rows(args, setup: Callable, cache: KVCache, spec, kv: int, bw: float)
         for fusion, ms in times.items():
             ratios = [a / b for a, b in zip(ms, times[first])]
             fmt = "fp8" if "+fp8" in fusion else "native"
-            nbytes = bytes_read(dataclasses.replace(spec, weight_format=fmt), t, kv)
+            nbytes = bytes_read(dataclasses.replace(spec, weight_format=fmt), t, kv, args.tp)
             ref = outs[first]
-            rows.append(dict(kind="paired", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
+            rows.append(dict(kind="paired", model=spec.name, tp=args.tp, layers=spec.num_layers, kv_len=kv, fusion=fusion,
                              attention=args.attention, weight_format=fmt, tokens=t, floor_ms=nbytes / bw * 1e3,
                              bytes=nbytes, median_ms=statistics.median(ms), p10_ms=_q(ms, 0.1), p90_ms=_q(ms, 0.9),
                              reps=len(ms), vs=first, ratio_vs_first=statistics.median(ratios),
@@ -226,9 +227,11 @@ def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) ->
 
 def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
     def load(fmt: str):
-        return load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
-                          num_layers=args.layers, weight_format=fmt, fold_norm="off",
-                          swiglu="off")  # fmt: skip
+        model = load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
+                           num_layers=args.layers, weight_format=fmt, fold_norm="off", swiglu="off", rope="off",
+                           tp_rank=0, tp_size=args.tp)  # fmt: skip
+        without_comm(model)  # rank 0 of a shard on one device, as the profiler times it
+        return model
 
     native = load("native")
     if any("foldnorm" in f.split("+") for f in args.fusions):
@@ -265,7 +268,7 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
         # shows up between rounds instead of as a difference between modes
         for rnd, pos, fusion in ((r, i, f) for r in range(args.rounds)
                                  for i, f in enumerate(args.fusions if r % 2 == 0 else args.fusions[::-1])):
-            base = dict(kind="step", model=spec.name, layers=spec.num_layers, kv_len=kv, fusion=fusion,
+            base = dict(kind="step", model=spec.name, tp=args.tp, layers=spec.num_layers, kv_len=kv, fusion=fusion,
                         attention=args.attention, round=rnd, position=pos,
                         weight_format="fp8" if "+fp8" in fusion else "native")  # fmt: skip
             try:
@@ -315,9 +318,9 @@ def gemm_rows(args, model, device: torch.device, bw: float) -> list[dict]:
                 lin(x, model.lm_head)
 
             ms = time_calls([gemms], device.type) / 1e3
-            floor = bytes_read(model.spec, t, 0) / bw * 1e3
-            rows.append(dict(kind="gemm_only", model=model.spec.name, layers=model.spec.num_layers, tokens=t,
-                             impl=impl, median_ms=ms, floor_ms=floor, bytes=bytes_read(model.spec, t, 0)))  # fmt: skip
+            nbytes = bytes_read(model.spec, t, 0, args.tp)
+            rows.append(dict(kind="gemm_only", model=model.spec.name, tp=args.tp, layers=model.spec.num_layers,
+                             tokens=t, impl=impl, median_ms=ms, floor_ms=nbytes / bw * 1e3, bytes=nbytes))  # fmt: skip
     return rows
 
 
@@ -420,6 +423,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--layers", type=int, default=None, help="keep only the first n layers")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="time rank 0 of a TP-way shard (communication skipped, as `profile compute` does); "
+                         "the floor is that rank's bytes")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure the fusions this many times, the order reversed every other round; "
@@ -434,6 +440,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.reps < 1:
         ap.error("--rounds and --reps must be >= 1")
+    if args.tp < 1:
+        ap.error("--tp must be >= 1")
     if not 1 <= args.gemm_gemv_rows <= MAX_ROWS_DOT:
         ap.error(f"--gemm-gemv-rows must be in 1..{MAX_ROWS_DOT}")
     device = torch.device(args.device)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Predicted vs measured on ONE H200 in one device call (<= 3.5 minutes): `swiftspec validate`.
+# Predicted vs measured on ONE H200 in one device call (<= 7 minutes): `swiftspec validate`.
 #
 #   bash benchmarks/gpu_validate.sh          # on the GPU machine, from the repository root
 #
@@ -13,8 +13,9 @@
 # pair, on narrow stand-ins with the pair's vocabulary (128,256) and layer counts, minus the
 # stand-ins' replay time as the profile times it and the profile's tree_growth (~4 s a pair), plus
 # a reference fit on the old tiny model (2 layers, vocab 256; logged only, ~3 s). Budget: ~30 s
-# start-up + ~15 s calibration + ~20 s loading/graphs + 21 x ~2.5 s decoding (4 x 96 tokens at
-# 100-400 tok/s, + a 16-token warm-up) ~ 2 minutes; BUDGET (200 s) cuts it short.
+# start-up + ~15 s calibration + ~20 s loading/graphs + PASSES (3) x 21 x ~2.5 s decoding (4 x 96
+# tokens at 100-400 tok/s; a 16-token warm-up in the first pass) ~ 4 minutes; BUDGET (420 s) cuts it
+# short. Each configuration's measured numbers are the medians over the passes (`--passes`).
 #
 # Writes $OUT/validation/{report.csv, report.json, host.csv} and $OUT/validation.log (per-config
 # predictions and measurements as they happen, so a cut-short run still tells what it saw).
@@ -24,7 +25,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/swiftspec-out}
 PY=${PY:-python3}
 PROFILE=${PROFILE:-swiftspec/data/profiles/h200-measured}
-BUDGET=${BUDGET:-200}
+BUDGET=${BUDGET:-420}
+PASSES=${PASSES:-3}
 mkdir -p "$OUT/validation"
 if [ ! -f "$PROFILE/compute.csv" ]; then
   echo "error: $PROFILE/compute.csv not found: install the measured H200 profile first" | tee "$OUT/validation.log"
@@ -33,7 +35,7 @@ fi
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null || true
 timeout "$BUDGET" $PY -m swiftspec validate --gpus 1 --device cuda --profile "$PROFILE" \
-    --prompts "${PROMPTS:-4}" --max-new-tokens "${MAX_NEW:-96}" ${CONFIGS:+--configs "$CONFIGS"} \
+    --prompts "${PROMPTS:-4}" --max-new-tokens "${MAX_NEW:-96}" --passes "$PASSES" ${CONFIGS:+--configs "$CONFIGS"} \
     -o "$OUT/validation" 2>&1 | tee "$OUT/validation.log"
 echo "validate exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s"
 ls -la "$OUT/validation"

@@ -525,6 +525,9 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
 @click.option("--weights", type=click.Choice(["random", "checkpoint"]), default="random", show_default=True)
 @click.option("--prompts", type=int, default=3, show_default=True, help="Builtin prompts per configuration.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--passes", type=int, default=None,
+              help="Run every configuration this many times (all once per pass) and report the medians "
+              "[default: 3 on cuda, 1 on cpu].")
 @click.option("--calibrate-host/--no-calibrate-host", default=True, show_default=True,
               help="Measure host work per forward / per token first (stand-ins with each pair's vocab and layers) "
               "and use it in the predictions.")
@@ -533,8 +536,8 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
 @click.option("--repredict", default=None, metavar="REPORT",
               help="Run nothing: predict an earlier sweep (its report.json, folder or printed log) again from "
               "--profile, keeping its measurements and host calibration.")
-def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights, prompts, max_new_tokens, calibrate_host,
-                 out_dir, seed, repredict) -> None:  # fmt: skip
+def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights, prompts, max_new_tokens, passes,
+                 calibrate_host, out_dir, seed, repredict) -> None:  # fmt: skip
     """Predict configurations from a profile, then run them in one process: predicted vs measured."""
     import torch
 
@@ -553,7 +556,8 @@ def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights,
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rep = validate(gpus=gpus, device=device, configs=configs, pairs=_pairs(pairs), profile=profile_dir,
                    acceptance=acceptance, weights=weights, prompts=prompts, max_new_tokens=max_new_tokens,
-                   calibrate=calibrate_host, seed=seed, log=lambda s: click.echo(s, err=True))  # fmt: skip
+                   calibrate=calibrate_host, seed=seed, passes=passes or (3 if device == "cuda" else 1),
+                   log=lambda s: click.echo(s, err=True))  # fmt: skip
     click.echo(format_report(rep))
     if out_dir:
         rep.write(out_dir)

@@ -6,7 +6,10 @@ in ONE process, models loaded once per pair and their CUDA graphs captured once 
 per model, sized for the largest configuration, reset between prompts). Acceptance is replayed
 (synthetic, `runtime/synthetic.py`): the same rank paths drive the simulator and the runtime's
 verifier, and the draft tree is shaped by the profile's log q[rank], so predicted and measured
-accepted lengths agree exactly and the tokens/s error measures latency modelling alone.
+accepted lengths agree exactly and the tokens/s error measures latency modelling alone. With
+`passes` > 1 every configuration runs once per pass and its measured numbers are the medians over
+passes: the host is a shared VM whose slow spells (2x host time over a few seconds, runs 15 and
+16) would otherwise decide single configurations.
 
 Host work: the profile's `host` rows are per iteration of one reference policy; the runtime's host
 work grows with the draft forwards and the tokens in them. Unless told not to, `validate` first
@@ -56,7 +59,7 @@ REPORT_COLUMNS = (
     "config", "target", "draft", "mode", "policy", "prompts", "max_new_tokens",
     "predicted_tokens_per_s", "measured_tokens_per_s", "error_pct",
     "predicted_accepted", "measured_accepted", "predicted_iteration_ms", "measured_iteration_ms",
-    "measured_forward_ms", "measured_host_ms", "predicted_host_ms",
+    "measured_forward_ms", "measured_host_ms", "predicted_host_ms", "passes", "measured_spread_pct",
 )
 CUDA_PAIRS = (("Llama-3-8B", "Llama-3.2-1B"), ("Llama-3.2-3B", "Llama-3.2-1B"), ("Llama-3.2-1B", "Llama-3.2-1B"))
 DYNAMIC = ((4, 2, 2), (8, 8, 3), (16, 4, 4))  # (bs, w, d) of the serial configurations
@@ -347,6 +350,7 @@ def validate(
     max_new_tokens: int = 64,
     calibrate: bool = True,
     host_reference: bool | None = None,
+    passes: int = 1,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> ValidationReport:
@@ -366,8 +370,8 @@ def validate(
         raise UserError(f"--device must be cuda or cpu, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
-    if prompts < 1 or max_new_tokens < 1 or (configs is not None and configs < 1):
-        raise UserError("--prompts, --max-new-tokens and --configs must be positive")
+    if prompts < 1 or max_new_tokens < 1 or passes < 1 or (configs is not None and configs < 1):
+        raise UserError("--prompts, --max-new-tokens, --passes and --configs must be positive")
     if weights not in ("random", "checkpoint"):
         raise UserError(f"weights must be random or checkpoint, got {weights!r}")
     pairs = list(pairs or (CUDA_PAIRS if device == "cuda" else ()))
@@ -433,19 +437,21 @@ def validate(
     preds = _predict_all(cfgs, lats, acc_model, prompt_lens, max_new_tokens, paths, say)
 
     # 2. run them all in this process
-    measured = _run_all(cfgs, ids, paths, logq, max_new_tokens, device, weights, seed, say, weight_format)
+    measured = _run_all(cfgs, ids, paths, logq, max_new_tokens, device, weights, seed, say, weight_format, passes)
     table = _report_table(cfgs, preds, measured, len(ids), max_new_tokens)
     meta = {**run_metadata(device), "profile": profile or "builtin:h200-derived", "profile_label": prof_label,
             "acceptance": acceptance or "builtin:qwen2-72b-table7", "acceptance_label": acc_label,
             "weights": weights, "weight_format": weight_format, "device": device, "gpus": gpus,
             "pairs": [list(p) for p in pairs],
             "prompts": len(ids), "prompt_lens": prompt_lens, "tokenized_with": how,
-            "max_new_tokens": max_new_tokens, "seed": seed,
+            "max_new_tokens": max_new_tokens, "seed": seed, "passes": passes,
             "host_calibration": host_fit, "load": _load(), "profile_kernel_mismatch": stale,
             "notes": "predicted: simulated for this run's own workload (prompt lengths, max_new_tokens, the "
                      "rank paths the synthetic verifier replays); measured: decode tokens/s (prefill excluded), "
                      "mean over prompts; forward_ms / host_ms: per iteration, device time of the forwards "
-                     "(CUDA events around each replay; CPU: perf_counter) and the rest; predicted_host_ms: the calibrated "
+                     "(CUDA events around each replay; CPU: perf_counter) and the rest; with passes > 1 each measured "
+                     "number is the median over passes (every configuration once per pass) and measured_spread_pct "
+                     "the tokens/s range over passes; predicted_host_ms: the calibrated "
                      "host terms, which on CUDA also hold the launch latency of each replay (measured forwards "
                      "include it, the profile's back-to-back forwards do not): compare iteration times"}  # fmt: skip
     if host_rows:
@@ -500,7 +506,8 @@ def _report_table(cfgs: list[Config], preds: dict[Config, dict], measured: dict[
                      "predicted_accepted": p.get("accepted"), "measured_accepted": m["accepted"],
                      "predicted_iteration_ms": p.get("iteration_ms"), "measured_iteration_ms": m["iteration_ms"],
                      "measured_forward_ms": m["forward_ms"], "measured_host_ms": m["host_ms"],
-                     "predicted_host_ms": p.get("host_ms")})  # fmt: skip
+                     "predicted_host_ms": p.get("host_ms"), "passes": m.get("passes", 1),
+                     "measured_spread_pct": m.get("spread_pct")})  # fmt: skip
     return pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
 
 
@@ -530,7 +537,8 @@ def read_sweep(source: str | Path) -> dict:
         meta, fits = doc.get("meta", {}), dict(doc.get("meta", {}).get("host_calibration") or {})
         measured = {r["config"]: {"tokens_per_s": r["measured_tokens_per_s"], "accepted": r["measured_accepted"],
                                   "iteration_ms": r["measured_iteration_ms"], "forward_ms": r["measured_forward_ms"],
-                                  "host_ms": r["measured_host_ms"]} for r in doc.get("rows", [])}  # fmt: skip
+                                  "host_ms": r["measured_host_ms"], "passes": r.get("passes", 1),
+                                  "spread_pct": r.get("measured_spread_pct")} for r in doc.get("rows", [])}  # fmt: skip
         sweep = {"pairs": [tuple(p) for p in meta.get("pairs", [])], "prompts": meta.get("prompts"),
                  "max_new_tokens": meta.get("max_new_tokens"), "seed": meta.get("seed", 0)}
     else:
@@ -651,12 +659,15 @@ def _load() -> list[float] | None:
 
 def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], logq: tuple[float, ...],
              max_new: int, device: str, weights: str, seed: int, say,
-             weight_format: str = "native") -> dict[Config, dict]:
-    """Run every configuration (models and runners made once, reused); measured numbers per config.
-    weight_format: the models' GEMM weights (`load_model`), the profile's."""
-    from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
-    from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
-    from swiftspec.runtime.synthetic import SyntheticVerifier
+             weight_format: str = "native", passes: int = 1) -> dict[Config, dict]:
+    """Run every configuration (models and runners made once, reused) `passes` times, all
+    configurations once per pass; measured numbers per config: the median over passes of each
+    pass's means over prompts (`_measure`), so a slow spell of the host during one pass does not
+    decide a configuration's number; `passes` and `spread_pct` (max - min tokens/s over passes, %
+    of the median) say how steady it was. weight_format: the models' GEMM weights (`load_model`),
+    the profile's."""
+    from swiftspec.runtime.decoder import ModelRunner
+    from swiftspec.runtime.generate import cache_slots
     from swiftspec.runtime.tree import tree_slots_needed
     from swiftspec.runtime.weights import load_model
 
@@ -689,48 +700,75 @@ def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], l
                 f"{time.perf_counter() - t0:.1f} s")
         return runners[key]
 
+    fields = ("tokens_per_s", "accepted", "iteration_ms", "forward_ms", "host_ms")
+    nan = float("nan")
+    seen: dict[Config, list[dict]] = {c: [] for c in cfgs}
+    failed: set[Config] = set()
+    for p in range(passes):
+        for i, c in enumerate(cfgs):
+            if c in failed:
+                continue
+            try:
+                seen[c].append(_measure(c, runner, ids, paths, logq, max_new, device, warm=p == 0))
+            except (RuntimeError, ValueError) as e:  # one broken configuration must not sink the sweep
+                say(f"[{i + 1}/{len(cfgs)}] {c.label} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                failed.add(c)
+                continue
+            tag = f" (pass {p + 1}/{passes})" if passes > 1 else ""
+            say(f"[{i + 1}/{len(cfgs)}] {c.label}{tag}: {seen[c][-1]['tokens_per_s']:.1f} tok/s, "
+                f"accepted {seen[c][-1]['accepted']:.2f}")
     out: dict[Config, dict] = {}
-    for i, c in enumerate(cfgs):
-        spec = c.mode is not Mode.autoregressive
-        target = runner(c.target, "target")
-        draft = runner(c.draft, "draft") if spec else None
-        rs = [target] + ([draft] if draft is not None else [])
-        clock = ForwardClock(rs)
-        cfg = GenerateConfig(mode=c.mode, policy=c.policy, max_new_tokens=max_new, keep_subtree=False,
-                             rank_logprobs=logq if spec else None)
-
-        def once(pi: int, cfg=cfg, target=target, draft=draft, rs=rs, clock=clock, spec=spec):
-            for r in rs:
-                r.prefix_len, r.tree_len, r.pending = 0, 0, []
-            if device == "cuda":
-                torch.cuda.synchronize()
-            clock.take()
-            res = generate(target, draft, ids[pi], cfg, verifier=SyntheticVerifier(paths[pi]) if spec else None)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * len(rs)
-            return res, clock.take(skip)
-
-        tps, acc, it_ms, fwd_ms, host_ms = [], [], [], [], []
-        try:
-            once(0, replace(cfg, max_new_tokens=min(max_new, 16)))  # warm-up: allocator, caches, first replays
-            for pi in range(len(ids)):
-                res, fwd = once(pi)
-                tps.append(len(res.tokens) / res.decode_s)
-                acc.extend(r.accepted for r in res.records)
-                it_ms.append(res.decode_s * 1e3 / res.iterations)
-                fwd_ms.append(fwd / res.iterations)
-                host_ms.append((res.decode_s * 1e3 - fwd) / res.iterations)
-        except (RuntimeError, ValueError) as e:  # one broken configuration must not sink the sweep
-            say(f"[{i + 1}/{len(cfgs)}] {c.label} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-            nan = float("nan")
-            out[c] = {"tokens_per_s": nan, "accepted": nan, "iteration_ms": nan, "forward_ms": nan, "host_ms": nan}
+    for c in cfgs:
+        if c in failed:
+            out[c] = {**dict.fromkeys(fields, nan), "passes": 0, "spread_pct": nan}
             continue
-        out[c] = {"tokens_per_s": float(np.mean(tps)), "accepted": float(np.mean(acc)),
-                  "iteration_ms": float(np.mean(it_ms)), "forward_ms": float(np.mean(fwd_ms)),
-                  "host_ms": float(np.mean(host_ms))}
-        say(f"[{i + 1}/{len(cfgs)}] {c.label}: {out[c]['tokens_per_s']:.1f} tok/s, accepted {out[c]['accepted']:.2f}")
+        tps = [m["tokens_per_s"] for m in seen[c]]
+        out[c] = {f: float(np.median([m[f] for m in seen[c]])) for f in fields}
+        out[c].update(passes=len(tps), spread_pct=100.0 * (max(tps) - min(tps)) / float(np.median(tps)))
     return out
+
+
+def _measure(c: Config, runner, ids: list[list[int]], paths: list[list[int]], logq: tuple[float, ...], max_new: int,
+             device: str, warm: bool) -> dict:
+    """One pass of configuration `c` over every prompt: the means over prompts of decode tokens/s,
+    accepted length, and per-iteration wall, forward-device and host ms. warm: first a 16-token
+    decode (allocator, caches, first replays)."""
+    from swiftspec.runtime.decoder import PREFILL_CHUNK
+    from swiftspec.runtime.generate import GenerateConfig, generate
+    from swiftspec.runtime.synthetic import SyntheticVerifier
+
+    spec = c.mode is not Mode.autoregressive
+    target = runner(c.target, "target")
+    draft = runner(c.draft, "draft") if spec else None
+    rs = [target] + ([draft] if draft is not None else [])
+    clock = ForwardClock(rs)
+    cfg = GenerateConfig(mode=c.mode, policy=c.policy, max_new_tokens=max_new, keep_subtree=False,
+                         rank_logprobs=logq if spec else None)
+
+    def once(pi: int, cfg: GenerateConfig = cfg):
+        for r in rs:
+            r.prefix_len, r.tree_len, r.pending = 0, 0, []
+        if device == "cuda":
+            torch.cuda.synchronize()
+        clock.take()
+        res = generate(target, draft, ids[pi], cfg, verifier=SyntheticVerifier(paths[pi]) if spec else None)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * len(rs)
+        return res, clock.take(skip)
+
+    if warm:
+        once(0, replace(cfg, max_new_tokens=min(max_new, 16)))
+    tps, acc, it_ms, fwd_ms, host_ms = [], [], [], [], []
+    for pi in range(len(ids)):
+        res, fwd = once(pi)
+        tps.append(len(res.tokens) / res.decode_s)
+        acc.extend(r.accepted for r in res.records)
+        it_ms.append(res.decode_s * 1e3 / res.iterations)
+        fwd_ms.append(fwd / res.iterations)
+        host_ms.append((res.decode_s * 1e3 - fwd) / res.iterations)
+    return {"tokens_per_s": float(np.mean(tps)), "accepted": float(np.mean(acc)), "iteration_ms": float(np.mean(it_ms)),
+            "forward_ms": float(np.mean(fwd_ms)), "host_ms": float(np.mean(host_ms))}
 
 
 def format_report(rep: ValidationReport) -> str:
@@ -761,6 +799,11 @@ def format_report(rep: ValidationReport) -> str:
                          f"{s['forward_median_abs_error_pct']:.2f} %, max {s['forward_max_abs_error_pct']:.2f} %; "
                          f"host time per iteration: median {s['host_median_abs_error_pct']:.1f} %, "
                          f"max {s['host_max_abs_error_pct']:.1f} %")
+    spread = t["measured_spread_pct"].dropna() if "measured_spread_pct" in t else t.iloc[:0]
+    if m.get("passes", 1) > 1 and len(spread):
+        lines.append(f"measured: median of {m['passes']} passes (every configuration once per pass); tokens/s range "
+                     f"over passes: median {spread.median():.1f} %, max {spread.max():.1f} % "
+                     f"({t.loc[spread.idxmax(), 'config']})")
     return "\n".join(lines)
 
 

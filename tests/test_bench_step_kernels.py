@@ -86,3 +86,23 @@ def test_paired_alternates_every_step(make_checkpoint, tmp_path):
     assert (first.ratio_vs_first == 1.0).all() and (first.max_rel_err_vs_first == 0.0).all()
     assert (paired.ratio_vs_first > 0).all() and (paired.max_rel_err_vs_first < 1e-4).all()
     assert (paired.ratio_p10 <= paired.ratio_vs_first).all() and (paired.ratio_vs_first <= paired.ratio_p90).all()
+
+
+def test_tp_shard_times_rank_zero_against_its_own_floor(make_checkpoint, tmp_path):
+    """--tp 2: rank 0 of a 2-way shard (communication skipped) with the folded norm, swiglu and rope
+    against the plain skinny linear, paired; the floor is that rank's bytes (less than the whole
+    model's), and the shard's logits agree across the modes."""
+    ckpt = make_checkpoint("llama")
+    bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,4", "--kv", "16", "--tp", "2",
+                             "--fusions", "triton+gemv,triton+gemv+foldnorm+swiglu+rope", "--reps", "2", "--paired",
+                             "--no-kernels", "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
+    rows = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv")))
+    paired = rows.query("kind == 'paired'")
+    assert len(paired) == 2 * 2 and (paired.tp == 2).all()
+    spec = ModelSpec.from_config(ckpt, dtype_bytes=4)
+    shard = bench_step_kernels.bytes_read(spec, 1, 16, 2)
+    assert shard < bench_step_kernels.bytes_read(spec, 1, 16)
+    assert (paired[paired.tokens == 1].bytes == shard).all()
+    assert (paired.max_rel_err_vs_first < 1e-4).all()
+    with pytest.raises(SystemExit):
+        bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tp", "0"])

@@ -74,6 +74,7 @@ def test_skinny_linear_launches_fit_sm90():
     items = sorted(launches, key=str)
     assert any(cfg.block_k == 256 and rms for cfg, rms, _ in items)  # 256-wide steps with a residual occur
     assert any(cfg.split_k > 1 and epi == "rope" for cfg, _, epi in items)  # the rope epilogue in a split launch
+    assert any(cfg.split_k > 1 and rms and epi == "rope" for cfg, rms, epi in items)  # folded norm, split K
     for item, r in zip(items, compile_check.gemv_reports(items), strict=True):
         assert r.fits and r.spill_bytes == 0, (item, r)
     cfg = dot_config(1, 1280, 8192, 2, 2, residual=True)  # 70B TP-8 qkv

@@ -167,6 +167,27 @@ def test_gemm_epilogues_match_off(make_checkpoint, name, fold, swiglu, rope):
 
 
 @cpu_interpreted
+def test_split_k_epilogues_match_off(make_checkpoint, monkeypatch):
+    """Every skinny linear of the <= 16-token steps split in 2 along K (the rule a TP shard's narrow
+    qkv GEMM takes, forced on the tiny model): the folded norm (1 / rms and the qkv bias applied in
+    the split-sum launch), swiglu and rope still give the eager model's logits and cache to 1e-5."""
+    from swiftspec.kernels import gemv as gemv_mod
+
+    path = make_checkpoint("qwen2", hidden_size=384, intermediate_size=512)  # K > one 256-wide step
+    ref, ref_cache = steps(load_model(path), 11)
+    monkeypatch.setattr(gemv_mod, "SPLIT_RULES", ((10**6, 1, 2),))
+    spec = load_model(path).spec
+    assert gemv_mod.dot_config(9, spec.hidden, spec.hidden, 4, 4, residual=True, norm=True).split_k == 2
+    model = load_model(path)
+    model.set_fusion("triton")
+    model.set_linear("triton", fold_norm=True, swiglu=True, rope=True)
+    got, got_cache = steps(model, 11)
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 1e-5
+    assert rel_err(got_cache.kv, ref_cache.kv) <= 1e-5
+
+
+@cpu_interpreted
 def test_load_model_fold_norm(make_checkpoint):
     """load_model(fold_norm="on") folds the norms once the weights are read (norm weights ones, the
     same logits as the unfolded model to 1e-5); "auto" on the CPU leaves them; "on" without the

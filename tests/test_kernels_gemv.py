@@ -81,10 +81,12 @@ def test_gemv_dot_beyond_sixteen_rows(dtype, m, n, k):
 @pytest.mark.parametrize("m,n,k", [(1, 40, 96), (3, 70, 200), (16, 33, 130), (2, 64, 1100)])
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("pdl", [False, True] if HAS_CUDA else [False])
-def test_gemv_rms_matches_add_rmsnorm_then_gemv(dtype, m, n, k, with_residual, pdl):
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_gemv_rms_matches_add_rmsnorm_then_gemv(dtype, m, n, k, with_residual, pdl, split_k):
     """gemv(x, fold_norm_weight(w, g), rms_eps=, residual=r) = gemv(add_rmsnorm(x, r, g)[0], w) up to
     rounding order: float32 within 1e-5; bf16 no further from the exact float64 result than the
-    two-launch path (+ 0.4 %); residual_out = x + r exactly, as add_rmsnorm rounds it."""
+    two-launch path (+ 0.4 %); residual_out = x + r exactly, as add_rmsnorm rounds it. With K split
+    in 3 (the split-sum launch applies 1 / rms and the bias) the same holds."""
     from swiftspec.kernels.gemv import fold_norm_weight
     from swiftspec.kernels.rmsnorm import add_rmsnorm
 
@@ -95,7 +97,8 @@ def test_gemv_rms_matches_add_rmsnorm_then_gemv(dtype, m, n, k, with_residual, p
     h, new_res = add_rmsnorm(x, r, g, 1e-5)
     ref = gemv(h, w, b)
     out = torch.full_like(x, float("nan")) if with_residual else None
-    got = gemv(x, fold_norm_weight(w, g), b, rms_eps=1e-5, residual=r, residual_out=out, pdl=pdl)
+    got = gemv(x, fold_norm_weight(w, g), b, rms_eps=1e-5, residual=r, residual_out=out, pdl=pdl, split_k=split_k,
+               block_k=32 if split_k > 1 else None)  # 32-wide steps: every split has several
     hd = (x if r is None else (x.float() + r.float()).to(dtype)).double()  # h as add_rmsnorm rounds it
     exact = F.linear(hd * torch.rsqrt(hd.pow(2).mean(1, keepdim=True) + 1e-5) * g.double(), w.double(), b.double())
 
@@ -140,8 +143,6 @@ def test_gemv_swiglu_equals_silu_mul_after_gemv(dtype, m, f, k, split_k, variant
     says (bit for bit in bf16 on the GPU)."""
     from swiftspec.kernels.silu_mul import silu_mul
 
-    if variant == "rms" and split_k not in (None, 1):
-        pytest.skip("the folded norm never splits K")
     gen = torch.Generator().manual_seed(m * 7 + f + k)
     x, w, kw = _epilogue_case(m, 2 * f, k, split_k, variant, gen, dtype)
     got = gemv(x, w, act="swiglu", **kw)
@@ -168,8 +169,6 @@ def test_gemv_rope_equals_rope_kv_after_gemv(dtype, m, hq, hkv, d, k, split_k, v
     from swiftspec.kernels.gemv import RopeKV
     from swiftspec.kernels.rope_kv import rope_kv
 
-    if variant == "rms" and split_k not in (None, 1):
-        pytest.skip("the folded norm never splits K")
     gen = torch.Generator().manual_seed(m * 11 + hq + d + k)
     n = (hq + 2 * hkv) * d
     x, w, kw = _epilogue_case(m, n, k, split_k, variant, gen, dtype)
@@ -322,7 +321,7 @@ def test_gemv_split_k_matches_reference(m, n, k, split_k, fp8):
 
 def test_native_split_k_rule_and_default_launch():
     """Native weights split K at <= 16 rows only with too few column blocks for a long K
-    (`SPLIT_RULES`), never with the folded norm; such a default launch equals the reference and
+    (`SPLIT_RULES`), with or without the folded norm; such a default launch equals the reference and
     the unsplit launch up to float32 summation order."""
     from swiftspec.kernels.gemv import SPLIT_RULES, dot_config
 
@@ -335,7 +334,7 @@ def test_native_split_k_rule_and_default_launch():
     assert split(1, 2560, 8192) == 2 and split(1, 2560, 4096) == 1  # 70B TP 4 qkv (40 blocks); short K
     assert split(1, 64 * 41, 8192) == 1 and split(1, 4096, 14336) == 1  # enough column blocks
     assert split(1, 1280, 2048) == 1 and split(32, 1280, 8192) == 1  # short K, more rows
-    assert split(1, 1280, 8192, norm=True) == 1 and split(1, 1280, 8192, residual=True) == 1
+    assert split(1, 1280, 8192, norm=True) == 4 and split(1, 1280, 8192, residual=True) == 4  # the folded norm too
     assert split(1, 1280, 8192, split_k=2) == 2 and dot_config(1, 1280, 8192, 1, 2, fp8=True).split_k == 4
     gen = torch.Generator().manual_seed(11)
     x, w = _rand((3, 4096), gen, torch.float32), _rand((70, 4096), gen, torch.float32)

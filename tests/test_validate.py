@@ -84,6 +84,37 @@ def test_validate_report_schema(make_checkpoint, tmp_path):
     assert set(doc) == {"meta", "summary", "rows"} and len(doc["rows"]) == 4
 
 
+def test_passes_give_the_median_of_each_configuration(make_checkpoint, tmp_path, monkeypatch):
+    """passes=3: every configuration runs once per pass; its measured numbers are the medians over
+    passes (a slow pass does not decide it), `passes` and `measured_spread_pct` say how steady it was,
+    and a configuration that fails in any pass is reported as failed (NaN), not half-measured."""
+    import swiftspec.validate as validate_mod
+
+    target, draft, prof = _pair(make_checkpoint, tmp_path)
+    kw = dict(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint", configs=2,
+              prompts=1, max_new_tokens=6, calibrate=False)
+    rep = validate(passes=2, **kw)
+    assert (rep.rows["passes"] == 2).all() and (rep.rows["measured_spread_pct"] >= 0).all()
+    assert rep.meta["passes"] == 2 and "median of 2 passes" in format_report(rep)
+    with pytest.raises(UserError, match="--passes"):
+        validate(passes=0, **kw)
+
+    script = iter([100.0, 40.0, 50.0, RuntimeError("boom"), 102.0])  # pass 1: c1, c2; pass 2: c1, c2; pass 3: c1
+
+    def fake(c, *a, **k):
+        v = next(script)
+        if isinstance(v, Exception):
+            raise v
+        return {"tokens_per_s": v, "accepted": 1.0, "iteration_ms": 1e3 / v, "forward_ms": 1.0, "host_ms": 0.1}
+
+    monkeypatch.setattr(validate_mod, "_measure", fake)
+    rows = validate(passes=3, **kw).rows
+    assert rows["measured_tokens_per_s"].iloc[0] == 100.0 and rows["passes"].iloc[0] == 3
+    assert rows["measured_spread_pct"].iloc[0] == pytest.approx(52.0)
+    assert rows["measured_iteration_ms"].iloc[0] == pytest.approx(10.0)
+    assert np.isnan(rows["measured_tokens_per_s"].iloc[1]) and rows["passes"].iloc[1] == 0
+
+
 def test_calibrate_host_rows_feed_the_latency_model(make_checkpoint, tmp_path):
     acc, _ = default_acceptance()
     rows, fit = calibrate_host("cpu", acc, prompts=1, new_tokens=8, modes=(Mode.autoregressive, Mode.serial))

@@ -173,17 +173,22 @@ def test_swiglu_default_follows_the_skinny_linear(make_checkpoint):
     assert not load_model(path, linear="triton", fusion="triton").swiglu  # auto: off on the CPU
 
 
-def test_rope_epilogue_is_opt_in(make_checkpoint):
-    """rope "auto" stays off (the bundled profile was measured without it); "on" needs linear
-    "triton" and reaches the model; profiles record the setting."""
+def test_rope_default_follows_the_skinny_linear(make_checkpoint):
+    """rope "auto" is on where the qkv skinny linear runs (CUDA, linear and fusion "triton") with
+    native weights, at any TP; "on" needs linear "triton" and reaches the model; profiles record the
+    setting, and a profile of before it (rope off) is flagged."""
     from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, load_model, resolve_rope
 
-    assert resolve_rope("cuda") is False and resolve_rope("cuda", "on") is True
+    assert resolve_rope("cuda") is True and resolve_rope("cpu") is False and resolve_rope("cuda", "on") is True
+    assert resolve_rope("cuda", linear="torch") is False and resolve_rope("cuda", fusion="off") is False
+    assert resolve_rope("cuda", weight_format="fp8") is False and resolve_rope("cuda", "off") is False
     with pytest.raises(UserError, match="rope must be one of auto, on, off"):
         resolve_rope("cuda", "yes")
     with pytest.raises(UserError, match="rope needs linear 'triton'"):
         load_model(make_checkpoint("llama"), linear="torch", rope="on")
-    assert kernel_settings("cuda")["rope"] == "off"
-    assert kernel_mismatch({**kernel_settings("cuda"), "rope": "on"}, "cuda") == ["rope: profile on, runtime off"]
+    assert kernel_settings("cuda")["rope"] == "on" and kernel_settings("cpu")["rope"] == "off"
+    assert kernel_settings("cuda", "fp8")["rope"] == "off"
+    assert kernel_mismatch({**kernel_settings("cuda"), "rope": "off"}, "cuda") == ["rope: profile off, runtime on"]
     model = load_model(make_checkpoint("llama"), linear="triton", fusion="triton", rope="on")
     assert model.rope and not model.swiglu
+    assert not load_model(make_checkpoint("llama"), linear="triton", fusion="triton").rope  # auto: off on the CPU

@@ -97,14 +97,14 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int) -> list[Com
 @functools.lru_cache(maxsize=256)
 def _gemv_report(cfg: DotConfig, rms: bool, epilogue: str, dtype: str, capability: int) -> CompileReport:
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
-    pointers = ("X", "W", "S", "B", "Y", "P", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC")
+    pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC")
     ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
             "stride_vc_h", "stride_vc_s", "HQ", "HKV")
     constexprs = {"HAS_BIAS": False, "HAS_SCALE": False, "IEEE": dtype == "fp32", "UPCAST": False, "F16": False,
                   "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
                   "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "BLOCK_K": cfg.block_k, "PDL": False}
-    signature = {**{p: "*fp32" if p in ("S", "P") else "*i64" if p == "SLOTS" else f"*{dtype}" for p in pointers},
+    signature = {**{p: "*fp32" if p in ("S", "P", "SQ") else "*i64" if p == "SLOTS" else f"*{dtype}" for p in pointers},
                  "eps": "fp32", **dict.fromkeys(ints, "i32"), **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in (*pointers, *ints[1:])}  # M (rows) is not
     return _compiled_report(_skinny_dot_kernel, signature, constexprs, attrs, cfg.num_warps, cfg.num_stages,

@@ -69,7 +69,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 
 
 @triton.jit
-def _skinny_dot_kernel(X, W, S, B, Y, P, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
+def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
@@ -81,7 +81,9 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, RES, NEW_RES, eps, M, N, K, stride_x, s
     # (SPLIT_K, M, N); `_split_sum_kernel` adds them in a fixed order (deterministic, unlike atomics).
     # RMS: y = (w @ h.T) / rms(h) with h = x (+ RES): the norm's weight is folded into w, so both dot
     # operands stay as loaded (x and RES feed two dots into two accumulators) and the squares of h
-    # are summed on the side; program 0 stores h to NEW_RES.
+    # are summed on the side; program 0 stores h to NEW_RES. With SPLIT_K > 1 each split keeps its
+    # partial unscaled and column block 0 stores the split's sum of squares in SQ (SPLIT_K, M): the
+    # split-sum launch applies 1 / rms (and the bias) to the total.
     # SWIGLU: W is a SwiGLU MLP's gate|up (N = 2F rows) and Y is (M, F): tile row 2i is gate row j,
     # row 2i + 1 up row j (j = the program's i-th output), so the epilogue holds both halves of its
     # outputs and applies silu(gate) * up; the K loop is the plain one.
@@ -133,10 +135,14 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, RES, NEW_RES, eps, M, N, K, stride_x, s
             acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok_k[:, None] & ok_m[None, :], stride_r,
                                   IEEE, UPCAST, HAS_RES)
     if RMS:
-        acc = (acc + acc_r) * tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[None, :]
+        acc += acc_r
+        if SPLIT_K == 1:
+            acc *= tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[None, :]
+        elif tl.program_id(0) == 0:  # every column block has the same squares: one stores them
+            tl.store(SQ + tl.program_id(1) * M + rows, tl.sum(sq, axis=0), mask=ok_m)
     if HAS_SCALE:  # fp8 weights: one scale per weight row (output column), constant over K
         acc *= tl.load(S + cols, mask=ok_n, other=0.0)[:, None]
-    if HAS_BIAS:
+    if HAS_BIAS and not (RMS and SPLIT_K > 1):  # RMS with split K: the sum launch adds it after the scale
         if tl.program_id(1) == 0:  # the bias once, in the first K slice
             acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
     if SPLIT_K == 1 and (SWIGLU or ROPE):
@@ -177,33 +183,52 @@ def _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok, stride_r, IEEE: tl.c
 
 
 @triton.jit
-def _split_sum_kernel(P, Y, TOTAL, F, stride_y, COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s,
-                      stride_vc_h, stride_vc_s, HQ, HKV, SPLIT_K: tl.constexpr, SWIGLU: tl.constexpr,
-                      ROPE: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Y (TOTAL,) = sum over s of P (SPLIT_K, TOTAL) in s order, cast to Y's dtype. SWIGLU: P holds
-    (M, 2F) gate|up partials and Y (M, F), TOTAL = M * F, gets silu(gate) * up of the sums. ROPE: P
-    holds (M, 2F) qkv partials, TOTAL = M * F pairs (column c and c + HALF of a head), rotated and
-    stored as `_rope_store` does."""
+def _split_sum_kernel(P, Y, B, SQ, eps, M, N, K, stride_y, COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h,
+                      stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      RMS: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
+                      BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Y (M, N) = sum over s of P (SPLIT_K, M, N) in s order, cast to Y's dtype. RMS: P holds the
+    folded norm's unscaled partials and SQ (SPLIT_K, M) the splits' sums of squares of h (over K
+    columns): the sum is scaled by 1 / rms(h), then the bias (HAS_BIAS, only with RMS: otherwise
+    split 0 added it) is added. SWIGLU: P holds (M, N) gate|up partials and Y (M, N / 2) gets
+    silu(gate) * up of the sums. ROPE: P holds (M, N) qkv partials, one program element per pair
+    (column c and c + HALF of a head), rotated and stored as `_rope_store` does."""
     grid_sync(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < TOTAL
-    if ROPE:
+    F = N // 2
+    if ROPE or SWIGLU:
         m, j = offs // F, offs % F
-        src = m * 2 * F + (j // HALF) * (2 * HALF) + j % HALF  # column c of pair j; its partner is HALF further
-        x1, x2 = _sum_pair(P, src, HALF, ok, 2 * TOTAL, SPLIT_K)
-        dt = Y.dtype.element_ty
+        ok = offs < M * F
+    else:
+        m, j = offs // N, offs % N
+        ok = offs < M * N
+    inv = tl.zeros_like(offs.to(tl.float32)) + 1.0
+    if RMS:
+        ss = tl.load(SQ + m, mask=ok, other=0.0)
+        for s in tl.static_range(1, SPLIT_K):
+            ss += tl.load(SQ + s * M + m, mask=ok, other=0.0)
+        inv = tl.rsqrt(ss / K + eps)
+    dt = Y.dtype.element_ty
+    if ROPE:
+        c1 = (j // HALF) * (2 * HALF) + j % HALF  # column c of pair j; its partner is HALF further
+        x1, x2 = _sum_pair(P, m * N + c1, HALF, ok, M * N, SPLIT_K)
+        x1, x2 = x1 * inv, x2 * inv
+        if HAS_BIAS:
+            x1 += tl.load(B + c1, mask=ok, other=0.0).to(tl.float32)
+            x2 += tl.load(B + c1 + HALF, mask=ok, other=0.0).to(tl.float32)
         _rope_store(x1.to(dt).to(tl.float32), x2.to(dt).to(tl.float32), j, m, ok, Y, stride_y, COS, SIN, SLOTS, KC,
                     VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV, HALF)
-    elif SWIGLU:
-        src = (offs // F) * 2 * F + offs % F  # gate column j of row m; its up column is F further
-        g, u = _sum_pair(P, src, F, ok, 2 * TOTAL, SPLIT_K)
-        dt = Y.dtype.element_ty
-        tl.store(Y + offs, _swiglu(g.to(dt).to(tl.float32), u.to(dt).to(tl.float32), dt), mask=ok)
+    elif SWIGLU:  # no bias (gemv refuses one)
+        g, u = _sum_pair(P, m * N + j, F, ok, M * N, SPLIT_K)  # gate column j of row m; its up column is F further
+        tl.store(Y + offs, _swiglu((g * inv).to(dt).to(tl.float32), (u * inv).to(dt).to(tl.float32), dt), mask=ok)
     else:
         acc = tl.load(P + offs, mask=ok, other=0.0)
         for s in tl.static_range(1, SPLIT_K):
-            acc += tl.load(P + s * TOTAL + offs, mask=ok, other=0.0)
-        tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=ok)
+            acc += tl.load(P + s * M * N + offs, mask=ok, other=0.0)
+        acc *= inv
+        if HAS_BIAS:
+            acc += tl.load(B + j, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + offs, acc.to(dt), mask=ok)
 
 
 @triton.jit
@@ -310,8 +335,8 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
                num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None) -> DotConfig:
     """The dot kind's launch shape for x (m, k) @ w (n, k).T, w_bytes / x_bytes per element (residual:
     a second x-sized tile per K step, `gemv(rms_eps=, residual=)`; norm: `rms_eps` given, which
-    needs the whole K in one program); None arguments take the measured defaults below (`gemv`
-    passes its overrides through)."""
+    splits K by the same rule: the split-sum launch applies the scale); None arguments take the
+    measured defaults below (`gemv` passes its overrides through)."""
     bm = max(16, triton.next_power_of_2(m))
     if fp8:
         # measured best on the H200 (bench_gemv-2026-12-03b, Llama-3-8B shapes, 1-256 rows): 1-16
@@ -329,7 +354,7 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
         # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
         bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
         if not split_k:
-            split_k = 1 if bm > 16 or norm or residual else native_split(triton.cdiv(n, bn), k)
+            split_k = 1 if bm > 16 else native_split(triton.cdiv(n, bn), k)
     num_warps, split_k = num_warps or 4, min(split_k or 1, triton.cdiv(k, bk))
     stage_bytes = (bn * w_bytes + bm * x_bytes * (2 if residual else 1)) * bk  # weight tile + x (+ residual) tile
     # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
@@ -393,7 +418,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     writing a float32 partial (split_k * M * N * 4 bytes), summed in order by a second launch
     (`_split_sum_kernel`); fp8 weights use it (4) where N <= 8192, too few column blocks to fill
     the GPU, native weights at <= 16 rows with too few column blocks for a long K (`SPLIT_RULES`:
-    TP-shard qkv GEMMs, the 1B's down), but never with rms_eps. kind "fma": broadcast multiply + sum
+    TP-shard qkv GEMMs, the 1B's down), with rms_eps too. kind "fma": broadcast multiply + sum
     in float32 (no tensor cores; block_n 16 and 8192 products per K step). pdl: launch as a
     programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs); the dot kind then loads
     its first weight tile before waiting for the previous kernel.
@@ -404,8 +429,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     straight from shared memory and h's squares are summed on the side, so the K loop stays a
     pipelined weight stream. residual_out (M, K) receives h (needed with a residual). Equals
     gemv(add_rmsnorm(x, residual, g, rms_eps)[0], W) up to rounding order: float32 ~1e-7; bf16
-    within the two-launch path's own error of the exact result. Kind "dot", weights in x's dtype,
-    split_k 1.
+    within the two-launch path's own error of the exact result. Kind "dot", weights in x's dtype.
+    With split K each split sums its slice's squares beside its partial (split_k * M floats) and the
+    split-sum launch scales the total by 1 / rms(h) and adds the bias.
 
     act="swiglu" (kind "dot", no bias): weight is a SwiGLU MLP's fused gate|up (2F, K) and the
     result is silu(x @ gate.T) * (x @ up.T), (M, F): the activation in the GEMV's epilogue (or in
@@ -437,8 +463,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"split_k must be >= 1 and needs kind 'dot', got {split_k} with kind {kind!r}")
     rms = rms_eps is not None
     if rms:
-        if kind != "dot" or fp8 or (split_k or 1) != 1 or x_f16:
-            raise ValueError("rms_eps needs kind 'dot', weights in x's dtype and split_k 1")
+        if kind != "dot" or fp8 or x_f16:
+            raise ValueError("rms_eps needs kind 'dot' and weights in x's dtype")
         if (residual is None) != (residual_out is None):
             raise ValueError("residual and residual_out go together")
         for t in (residual, residual_out):
@@ -479,13 +505,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         if x_f16 and x.dtype != torch.float16:  # as `_dot` converts it, once for all programs
             x = x.float().clamp(-65504.0, 65504.0).to(torch.float16)
         part = y if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        sq = torch.empty((split_k, m), dtype=torch.float32, device=x.device) if rms and split_k > 1 else x
         res = residual if residual is not None else x
         # rope's pointers, or x where unused
         rp = (r.cos, r.sin, r.slots, r.k_cache, r.v_cache, r.cos.stride(0), r.k_cache.stride(0), r.k_cache.stride(1),
               r.v_cache.stride(0), r.v_cache.stride(1), r.q_heads, r.kv_heads) if r else (x,) * 5 + (0,) * 7
         pairs = swiglu or rope is not None  # each program's bn weight rows are bn / 2 pairs of rows
         _skinny_dot_kernel[(triton.cdiv(n // 2, bn // 2) if pairs else triton.cdiv(n, bn), split_k)](
-            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, res,
+            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
@@ -494,9 +521,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         )
         if split_k > 1:
             total = m * n // 2 if pairs else m * n
-            _split_sum_kernel[(triton.cdiv(total, 1024),)](part, y, total, n // 2, y.stride(0), *rp, SPLIT_K=split_k,
-                                                           SWIGLU=swiglu, ROPE=rope is not None, HALF=half,
-                                                           BLOCK=1024, PDL=pdl, **launch_options(pdl))
+            _split_sum_kernel[(triton.cdiv(total, 1024),)](
+                part, y, bias if bias is not None else x, sq, float(rms_eps or 0.0), m, n, k, y.stride(0), *rp,
+                SPLIT_K=split_k, HAS_BIAS=rms and bias is not None, RMS=rms, SWIGLU=swiglu, ROPE=rope is not None,
+                HALF=half, BLOCK=1024, PDL=pdl, **launch_options(pdl))
         return y
     if kind != "fma":
         raise ValueError(f"kind must be 'fma' or 'dot', got {kind!r}")

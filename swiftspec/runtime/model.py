@@ -206,7 +206,7 @@ class Transformer(nn.Module):
         weight into the GEMM after it (`fold_norms`), for good.
         swiglu (linear "triton", fusion "triton"): where the skinny linear runs the gate/up GEMM,
         silu(gate) * up happens in its epilogue (`gemv(act="swiglu")`), one launch fewer per layer.
-        rope (linear "triton", fusion "triton"; opt-in until the profile is re-measured with it): likewise
+        rope (linear "triton", fusion "triton"; `load_model` turns it on there, `weights.resolve_rope`): likewise
         RoPE + the KV-cache write in the qkv GEMM's epilogue (`gemv(rope=...)`) instead of `rope_kv`'s
         launch (H200, paired, on top of swiglu: Llama-3.2-1B steps 1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %)."""
         if impl not in LINEAR_IMPLS:

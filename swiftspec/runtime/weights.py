@@ -249,14 +249,19 @@ def resolve_swiglu(device: str | torch.device, swiglu: str = "auto", linear: str
     return swiglu == "on"
 
 
-def resolve_rope(device: str | torch.device, rope: str = "auto", linear: str = "triton") -> bool:
+def resolve_rope(device: str | torch.device, rope: str = "auto", linear: str = "triton", fusion: str = "triton",
+                 weight_format: str = "native") -> bool:
     """Whether RoPE + the KV-cache write run in the qkv skinny linear's epilogue instead of their own
-    launch (`Transformer.set_linear(..., rope=True)`): "on", "off", or "auto" = off for now.
-    Measured on the H200 (benchmarks/KERNELS.md, "Twelfth session", paired, on top of swiglu):
-    Llama-3.2-1B steps 1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %. "auto" turns it on once the bundled
-    profile is re-measured with it (benchmarks/README.md, "Pending" item 1)."""
+    launch (`Transformer.set_linear(..., rope=True)`): "on", "off", or "auto" = on where that path
+    runs (CUDA, linear and fusion "triton") with native weights, at any TP degree. Measured on the
+    H200 (benchmarks/KERNELS.md, "Twelfth session", paired, on top of swiglu): Llama-3.2-1B steps
+    1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %; the bundled profile is measured with it (thirteenth
+    session). fp8 weights: see `resolve_swiglu`."""
     if rope not in ROPE_CHOICES:
         raise UserError(f"rope must be one of {', '.join(ROPE_CHOICES)}, got {rope!r}")
+    if rope == "auto":
+        return (torch.device(device).type == "cuda" and linear == "triton" and fusion == "triton"
+                and weight_format == "native")
     if rope == "on" and linear != "triton":
         raise UserError("rope needs linear 'triton' (the skinny linear applies it)")
     return rope == "on"
@@ -274,9 +279,10 @@ def kernel_settings(device: str | torch.device, weight_format: str = "native") -
     linear = resolve_linear(device)
     fold = resolve_fold_norm(device, linear=linear, fusion=fusion, weight_format=weight_format)
     swiglu = resolve_swiglu(device, linear=linear, fusion=fusion, weight_format=weight_format)
+    rope = resolve_rope(device, linear=linear, fusion=fusion, weight_format=weight_format)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
             "fold_norm": "tp1" if fold else "off", "fusion": fusion, "linear": linear,
-            "pdl": "on" if resolve_pdl(device) else "off", "rope": "on" if resolve_rope(device, linear=linear) else "off",
+            "pdl": "on" if resolve_pdl(device) else "off", "rope": "on" if rope else "off",
             "swiglu": "on" if swiglu else "off",
             "tree_growth": resolve_tree_growth(device), "weight_format": weight_format}
 
@@ -358,7 +364,7 @@ def load_model(
     if fold:  # before any weight is read
         check_fold_norm(weight_format, linear)
     act = resolve_swiglu(device, swiglu, linear, fusion, weight_format)
-    rot = resolve_rope(device, rope, linear)
+    rot = resolve_rope(device, rope, linear, fusion, weight_format)
     model = Transformer(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention,
         weight_format=weight_format,
