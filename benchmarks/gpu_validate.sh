@@ -11,9 +11,9 @@
 # (4 builtin prompts, 96 new tokens, the same rank paths); then all run in one process, models loaded
 # once, CUDA graphs captured once per model. Host work per forward/token is calibrated first, per
 # pair, on narrow stand-ins with the pair's vocabulary (128,256) and layer counts, minus the
-# stand-ins' replay time as the profile times it and the profile's tree_growth (~4 s a pair), plus
+# stand-ins' replay time as the profile times it and the profile's tree_growth (~6 s a pair, 3 prompts), plus
 # a reference fit on the old tiny model (2 layers, vocab 256; logged only, ~3 s). Budget: ~30 s
-# start-up + ~15 s calibration + ~20 s loading/graphs + PASSES (3) x 21 x ~2.5 s decoding (4 x 96
+# start-up + ~20 s calibration + ~20 s loading/graphs + PASSES (3) x 21 x ~2.5 s decoding (4 x 96
 # tokens at 100-400 tok/s; a 16-token warm-up in the first pass) ~ 4 minutes; BUDGET (420 s) cuts it
 # short. Each configuration's measured numbers are the medians over the passes (`--passes`).
 #
