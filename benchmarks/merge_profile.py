@@ -8,8 +8,9 @@ it (meta.json `aliases`, e.g. R1-Distill-Llama-8B from Llama-3-8B); NEW's host r
 unless `--host base` (host rows come from a tiny stand-in model and vary run to run: keep the set
 that the validation ran with).
 comm.csv stays BASE's. meta.json stays BASE's, with NEW's `skipped`/`incomplete_tables` entries for
-the replaced models and one entry under `merged` (date, command, models) so the file says which rows
-are newer. Used after a kernel change that only some models' rows need (KERNELS.md, BENCHMARKS
+the replaced models and one entry under `merged` (date, command, models, kernels) so the file says
+which rows are newer; each kernel setting (attention, rope, ...) becomes the one all models' rows
+were measured with, or "mixed". Used after a kernel change that only some models' rows need (KERNELS.md, BENCHMARKS
 README "Re-profile"). OUT is written through a temporary folder: on error nothing is left behind.
 """
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+# meta.json keys naming the kernels a profile was measured with
+KERNELS = ("attention", "fold_norm", "fusion", "linear", "pdl", "rope", "swiglu", "tree_growth")
 
 def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFrame, dict]:
     """(compute rows, meta) of BASE with NEW's models (and their BASE aliases) replaced, and its host
@@ -59,11 +62,27 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
         meta[key] = ([e for e in mb.get(key, []) if not replaced & names(e)]
                      + [e for e in mn.get(key, []) if replaced & names(e)])
     meta["incomplete"] = bool(meta["incomplete_tables"])
-    kernels = ("attention", "fold_norm", "fusion", "linear", "pdl", "swiglu", "tree_growth")
     meta["merged"] = list(mb.get("merged", [])) + [
         {"date": mn.get("date"), "command": mn.get("command"), "models": sorted(replaced),
-         "host": new_host, "kernels": {k: mn.get(k) for k in kernels}}]
+         "host": new_host, "kernels": {k: mn.get(k) for k in KERNELS}}]
+    measured = rows[rows.op != "host"].model.unique()
+    for key in KERNELS:
+        meta[key] = kernel_setting(meta, measured, key)
     return rows, meta
+
+
+def kernel_setting(meta: dict, models, key: str):
+    """The setting `key` (e.g. "rope") that every model's rows were measured with: per model, that of
+    the last `merged` entry listing the model and recording the key, else the folder's own value;
+    "mixed" where the models disagree (the runtime then reports a kernel mismatch)."""
+    def one(model: str):
+        for entry in reversed(meta.get("merged", [])):
+            if model in entry.get("models", []) and key in entry.get("kernels", {}):
+                return entry["kernels"][key]
+        return meta.get(key)
+
+    values = {one(m) for m in models}
+    return values.pop() if len(values) == 1 else "mixed"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -237,8 +237,9 @@ def resolve_swiglu(device: str | torch.device, swiglu: str = "auto", linear: str
     (`Transformer.set_linear(..., swiglu=True)`): "on", "off", or "auto" = on where that path runs
     (CUDA, linear and fusion "triton") with native weights, at any TP degree (the K loop is
     untouched). Measured on the H200 (benchmarks/KERNELS.md, "Twelfth session", paired): Llama-3.2-1B
-    steps 1.9-2.2 % faster at 1-16 tokens, 3.2-3B 1.2-1.3 %, Llama-3-8B 0.8-1.8 %. fp8 weights: not
-    measured, off."""
+    steps 1.9-2.2 % faster at 1-16 tokens, 3.2-3B 1.2-1.3 %, Llama-3-8B 0.8-1.8 %. With fp8 weights
+    (thirteenth session) 1B 2.1-2.7 % and 8B 1.6-2.0 % faster, but off until the bundled h200-fp8
+    profile is re-measured with it (benchmarks/README.md, "Pending")."""
     if swiglu not in SWIGLU_CHOICES:
         raise UserError(f"swiglu must be one of {', '.join(SWIGLU_CHOICES)}, got {swiglu!r}")
     if swiglu == "auto":
@@ -255,8 +256,9 @@ def resolve_rope(device: str | torch.device, rope: str = "auto", linear: str = "
     launch (`Transformer.set_linear(..., rope=True)`): "on", "off", or "auto" = on where that path
     runs (CUDA, linear and fusion "triton") with native weights, at any TP degree. Measured on the
     H200 (benchmarks/KERNELS.md, "Twelfth session", paired, on top of swiglu): Llama-3.2-1B steps
-    1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %; the bundled profile is measured with it (thirteenth
-    session). fp8 weights: see `resolve_swiglu`."""
+    1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %; the bundled h200-measured profile is measured with it
+    (thirteenth session). fp8 weights: 1B 0.1-1.0 %, 8B 0.8-1.3 % faster on top of swiglu, off for
+    the same reason as `resolve_swiglu`'s."""
     if rope not in ROPE_CHOICES:
         raise UserError(f"rope must be one of {', '.join(ROPE_CHOICES)}, got {rope!r}")
     if rope == "auto":
