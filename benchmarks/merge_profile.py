@@ -50,7 +50,14 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
     replaced = set(models) | set(aliases)
     new_host = host == "new" and bool((n.op == "host").any())
     keep = b[~b.model.isin(replaced) & ~((b.op == "host") & new_host)]
-    rows = pd.concat([keep, n if new_host else n[n.op != "host"], *copies], ignore_index=True)
+    # NEW's own rows of an alias (a resumed run keeps the ones it was given) give way to the copies
+    own = n[~n.model.isin(aliases) & (new_host | (n.op != "host"))]
+    rows = pd.concat([keep, own, *copies], ignore_index=True)
+    dup = rows.duplicated(["op", "model", "tp", "tokens", "kv_len"])
+    if dup.any():
+        first = rows[dup].iloc[0]
+        raise ValueError(f"{int(dup.sum())} points twice after the merge (first: {first.op} {first.model} tp "
+                         f"{first.tp}, {first.tokens} tokens, kv {first.kv_len}): is {new} a profile folder?")
     # the order `profile compute` writes, so that a merge's diff shows only the rows that changed
     rows = rows.sort_values(["op", "model", "tp", "kv_len", "tokens"], kind="stable", ignore_index=True)
     meta = dict(mb)

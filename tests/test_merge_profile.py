@@ -109,3 +109,21 @@ def test_merged_kernel_setting_is_the_one_all_models_were_measured_with(tmp_path
     m2 = json.loads((tmp_path / "m2" / "meta.json").read_text())
     assert m2["swiglu"] == flipped and m2["merged"][-1]["kernels"]["swiglu"] == flipped
     assert m2["fold_norm"] == meta["fold_norm"]
+
+
+def test_a_resumed_profile_with_alias_rows_merges_without_duplicates(tmp_path, new_profile):
+    """A resumed re-profile also holds the alias's old rows (R1-Distill-Llama-8B at 0.5x here): the
+    merge copies the alias from its source's new rows instead, and never keeps a point twice."""
+    rows = pd.read_csv(new_profile / "compute.csv")
+    base = pd.read_csv(BUNDLED / "compute.csv")
+    stale = base[base.model == "R1-Distill-Llama-8B"].iloc[::2].assign(ms=lambda d: d.ms * 0.5)
+    pd.concat([rows, stale]).to_csv(new_profile / "compute.csv", index=False)
+    out = tmp_path / "out"
+    proc = run(BUNDLED, new_profile, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    merged = pd.read_csv(out / "compute.csv")
+    key = ["op", "model", "tp", "tokens", "kv_len"]
+    assert not merged.duplicated(key).any() and len(merged) == len(base)
+    alias = merged[merged.model == "R1-Distill-Llama-8B"].merge(base, on=key, suffixes=("", "_base"))
+    assert len(alias) == (base.model == "R1-Distill-Llama-8B").sum()
+    assert ((alias.ms / alias.ms_base).round(6) == 0.9).all()
