@@ -10,8 +10,8 @@ that the validation ran with).
 comm.csv stays BASE's. meta.json stays BASE's, with NEW's `skipped`/`incomplete_tables` entries for
 the replaced models and one entry under `merged` (date, command, models, kernels) so the file says
 which rows are newer; each kernel setting (attention, rope, ...) becomes the one all models' rows
-were measured with, or "mixed". Used after a kernel change that only some models' rows need (KERNELS.md, BENCHMARKS
-README "Re-profile"). OUT is written through a temporary folder: on error nothing is left behind.
+were measured with, or "mixed". Used after a kernel change that only some models' rows need
+(KERNELS.md, BENCHMARKS README "Re-profile"). OUT is written through a temporary folder: on error nothing is left behind.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import pandas as pd
 
 # meta.json keys naming the kernels a profile was measured with
 KERNELS = ("attention", "fold_norm", "fusion", "linear", "pdl", "rope", "swiglu", "tree_growth")
+
 
 def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFrame, dict]:
     """(compute rows, meta) of BASE with NEW's models (and their BASE aliases) replaced, and its host
@@ -74,7 +75,8 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
          "host": new_host, "kernels": {k: mn.get(k) for k in KERNELS}}]
     measured = rows[rows.op != "host"].model.unique()
     for key in KERNELS:
-        meta[key] = kernel_setting(meta, measured, key)
+        if (setting := kernel_setting(meta, measured, key)) is not None:  # None: never recorded
+            meta[key] = setting
     return rows, meta
 
 
