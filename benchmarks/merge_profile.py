@@ -58,7 +58,7 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
     if dup.any():
         first = rows[dup].iloc[0]
         raise ValueError(f"{int(dup.sum())} points twice after the merge (first: {first.op} {first.model} tp "
-                         f"{first.tp}, {first.tokens} tokens, kv {first.kv_len}): is {new} a profile folder?")
+                         f"{first.tp}, {first.tokens} tokens, kv {first.kv_len}): {new / 'compute.csv'} repeats rows")
     # the order `profile compute` writes, so that a merge's diff shows only the rows that changed
     rows = rows.sort_values(["op", "model", "tp", "kv_len", "tokens"], kind="stable", ignore_index=True)
     meta = dict(mb)

@@ -66,6 +66,13 @@ def test_merge_bad_input_is_one_line_and_writes_nothing(tmp_path, new_profile):
     (new_profile / "meta.json").write_text(json.dumps(meta))
     proc = run(BUNDLED, new_profile, "-o", out)
     assert proc.returncode == 2 and "weight_format differs" in proc.stderr and proc.stderr.count("\n") == 1
+    meta["weight_format"] = "native"
+    (new_profile / "meta.json").write_text(json.dumps(meta))
+    rows = pd.read_csv(new_profile / "compute.csv")
+    pd.concat([rows, rows[rows.op == "forward"].head(3)]).to_csv(new_profile / "compute.csv", index=False)
+    proc = run(BUNDLED, new_profile, "-o", out)
+    # 3 points and their 3 alias copies (R1-Distill-Llama-8B)
+    assert proc.returncode == 2 and "6 points twice" in proc.stderr and proc.stderr.count("\n") == 1
     assert not out.exists()
 
 
