@@ -152,20 +152,20 @@ def test_fold_norm_default_follows_the_skinny_linear():
 
 def test_swiglu_default_follows_the_skinny_linear(make_checkpoint):
     """swiglu "auto" is on where the gate/up skinny linear runs (CUDA, linear and fusion "triton")
-    with native weights, at any TP; "on" needs linear "triton"; profiles record it, and a profile
+    with native or fp8 weights, at any TP; "on" needs linear "triton"; profiles record it, and a profile
     of before it (swiglu off) is flagged."""
     from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, load_model, resolve_swiglu
 
     assert resolve_swiglu("cuda") is True and resolve_swiglu("cpu") is False
     assert resolve_swiglu("cuda", linear="torch") is False and resolve_swiglu("cuda", fusion="off") is False
-    assert resolve_swiglu("cuda", weight_format="fp8") is False
+    assert resolve_swiglu("cuda", weight_format="fp8") is True
     assert resolve_swiglu("cpu", "on") is True and resolve_swiglu("cuda", "off") is False
     with pytest.raises(UserError, match="swiglu must be one of auto, on, off"):
         resolve_swiglu("cuda", "yes")
     with pytest.raises(UserError, match="swiglu needs linear 'triton'"):
         resolve_swiglu("cpu", "on", linear="torch")
     cuda = kernel_settings("cuda")
-    assert cuda["swiglu"] == "on" and kernel_settings("cuda", "fp8")["swiglu"] == "off"
+    assert cuda["swiglu"] == "on" and kernel_settings("cuda", "fp8")["swiglu"] == "on"
     assert kernel_settings("cpu")["swiglu"] == "off"
     assert kernel_mismatch({**cuda, "swiglu": "off"}, "cuda") == ["swiglu: profile off, runtime on"]
     path = make_checkpoint("llama")
@@ -175,19 +175,19 @@ def test_swiglu_default_follows_the_skinny_linear(make_checkpoint):
 
 def test_rope_default_follows_the_skinny_linear(make_checkpoint):
     """rope "auto" is on where the qkv skinny linear runs (CUDA, linear and fusion "triton") with
-    native weights, at any TP; "on" needs linear "triton" and reaches the model; profiles record the
+    native or fp8 weights, at any TP; "on" needs linear "triton" and reaches the model; profiles record the
     setting, and a profile of before it (rope off) is flagged."""
     from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, load_model, resolve_rope
 
     assert resolve_rope("cuda") is True and resolve_rope("cpu") is False and resolve_rope("cuda", "on") is True
     assert resolve_rope("cuda", linear="torch") is False and resolve_rope("cuda", fusion="off") is False
-    assert resolve_rope("cuda", weight_format="fp8") is False and resolve_rope("cuda", "off") is False
+    assert resolve_rope("cuda", weight_format="fp8") is True and resolve_rope("cuda", "off") is False
     with pytest.raises(UserError, match="rope must be one of auto, on, off"):
         resolve_rope("cuda", "yes")
     with pytest.raises(UserError, match="rope needs linear 'triton'"):
         load_model(make_checkpoint("llama"), linear="torch", rope="on")
     assert kernel_settings("cuda")["rope"] == "on" and kernel_settings("cpu")["rope"] == "off"
-    assert kernel_settings("cuda", "fp8")["rope"] == "off"
+    assert kernel_settings("cuda", "fp8")["rope"] == "on"
     assert kernel_mismatch({**kernel_settings("cuda"), "rope": "off"}, "cuda") == ["rope: profile off, runtime on"]
     model = load_model(make_checkpoint("llama"), linear="triton", fusion="triton", rope="on")
     assert model.rope and not model.swiglu

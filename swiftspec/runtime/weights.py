@@ -235,16 +235,15 @@ def resolve_swiglu(device: str | torch.device, swiglu: str = "auto", linear: str
                    fusion: str = "triton", weight_format: str = "native") -> bool:
     """Whether silu(gate) * up runs in the gate/up skinny linear's epilogue instead of its own launch
     (`Transformer.set_linear(..., swiglu=True)`): "on", "off", or "auto" = on where that path runs
-    (CUDA, linear and fusion "triton") with native weights, at any TP degree (the K loop is
+    (CUDA, linear and fusion "triton"), native or fp8 weights, at any TP degree (the K loop is
     untouched). Measured on the H200 (benchmarks/KERNELS.md, "Twelfth session", paired): Llama-3.2-1B
-    steps 1.9-2.2 % faster at 1-16 tokens, 3.2-3B 1.2-1.3 %, Llama-3-8B 0.8-1.8 %. With fp8 weights
-    (thirteenth session) 1B 2.1-2.7 % and 8B 1.6-2.0 % faster, but off until the bundled h200-fp8
-    profile is re-measured with it (benchmarks/README.md, "Pending")."""
+    steps 1.9-2.2 % faster at 1-16 tokens, 3.2-3B 1.2-1.3 %, Llama-3-8B 0.8-1.8 %; with fp8 weights
+    (thirteenth session) 1B 2.1-2.7 % and 8B 1.6-2.0 %. Both bundled profiles are measured with it
+    (h200-fp8 since the fifteenth session). `weight_format` no longer changes the answer."""
     if swiglu not in SWIGLU_CHOICES:
         raise UserError(f"swiglu must be one of {', '.join(SWIGLU_CHOICES)}, got {swiglu!r}")
     if swiglu == "auto":
-        return (torch.device(device).type == "cuda" and linear == "triton" and fusion == "triton"
-                and weight_format == "native")
+        return torch.device(device).type == "cuda" and linear == "triton" and fusion == "triton"
     if swiglu == "on" and linear != "triton":
         raise UserError("swiglu needs linear 'triton' (the skinny linear applies the activation)")
     return swiglu == "on"
@@ -254,16 +253,15 @@ def resolve_rope(device: str | torch.device, rope: str = "auto", linear: str = "
                  weight_format: str = "native") -> bool:
     """Whether RoPE + the KV-cache write run in the qkv skinny linear's epilogue instead of their own
     launch (`Transformer.set_linear(..., rope=True)`): "on", "off", or "auto" = on where that path
-    runs (CUDA, linear and fusion "triton") with native weights, at any TP degree. Measured on the
-    H200 (benchmarks/KERNELS.md, "Twelfth session", paired, on top of swiglu): Llama-3.2-1B steps
-    1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %; the bundled h200-measured profile is measured with it
-    (thirteenth session). fp8 weights: 1B 0.1-1.0 %, 8B 0.8-1.3 % faster on top of swiglu, off for
-    the same reason as `resolve_swiglu`'s."""
+    runs (CUDA, linear and fusion "triton"), native or fp8 weights, at any TP degree. Measured on
+    the H200 (benchmarks/KERNELS.md, "Twelfth session", paired, on top of swiglu): Llama-3.2-1B steps
+    1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %; fp8 weights: 1B 0.1-1.0 %, 8B 0.8-1.3 % (thirteenth
+    session). Both bundled profiles are measured with it (h200-fp8 since the fifteenth session);
+    `weight_format` no longer changes the answer."""
     if rope not in ROPE_CHOICES:
         raise UserError(f"rope must be one of {', '.join(ROPE_CHOICES)}, got {rope!r}")
     if rope == "auto":
-        return (torch.device(device).type == "cuda" and linear == "triton" and fusion == "triton"
-                and weight_format == "native")
+        return torch.device(device).type == "cuda" and linear == "triton" and fusion == "triton"
     if rope == "on" and linear != "triton":
         raise UserError("rope needs linear 'triton' (the skinny linear applies it)")
     return rope == "on"
