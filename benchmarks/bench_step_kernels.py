@@ -23,10 +23,7 @@ a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
 combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
 tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where
-the tile rule takes TMA (`tma=False`); "+l2ln" lets each layer's attention launch prefetch its
-o-projection weight into L2 in line prefetches before its key loop (`set_attention(...,
-l2_prefetch=1.0)`), "+l2lnNN" NN % of it, "+l2lne" after the key loop, "+l2pf" in bulk prefetches
-(`l2_prefetch_kind`); a "+gemvN" suffix (e.g. triton+gemv64)
+the tile rule takes TMA (`tma=False`); a "+gemvN" suffix (e.g. triton+gemv64)
 runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`). The model
 loads with `fold_norm="off"`, `swiglu="off"` and `rope="off"` (the runtime's defaults on CUDA are on), so only "+foldnorm"
 runs each add+RMSNorm inside the skinny linear after it (`set_linear(..., fold_norm=True)`; the norm
@@ -66,7 +63,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -101,9 +97,6 @@ PRED_MS = {
     ("Llama-3.2-1B", 1, 1024): 1.17, ("Llama-3.2-1B", 1, 4096): 1.28,
     ("Llama-3.2-1B", 64, 1024): 1.40, ("Llama-3.2-1B", 64, 4096): 1.67,
 }  # fmt: skip
-
-# fusion suffix of the L2 prefetch: "l2" + "ln" (line) or "pf" (bulk), "e" = after the key loop, percent
-L2PF = re.compile(r"l2(ln|pf)(e?)(\d*)")
 
 
 def device_ops(model, cache: KVCache, device: torch.device) -> float:
@@ -258,11 +251,8 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
         model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows,
                          fold_norm="foldnorm" in extras, swiglu="swiglu" in extras, rope="rope" in extras)
         if model.attention == "triton":
-            pf = next((m for m in map(L2PF.fullmatch, extras) if m), None)
             model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
-                                max_block_m=64 if "bm64" in extras else 128, tma=False if "notma" in extras else None,
-                                l2_prefetch=int(pf[3] or 100) / 100 if pf else 0.0,
-                                l2_prefetch_kind=f"{'bulk' if pf and pf[1] == 'pf' else 'line'}-{'end' if pf and pf[2] else 'start'}")
+                                max_block_m=64 if "bm64" in extras else 128, tma=False if "notma" in extras else None)
         model.set_pdl("pdl" in extras)
         return model
 
@@ -422,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch, +kernelcombine (tree attention's"
-                         " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +notma (no TMA K/V loads), +l2ln[e][NN] / +l2pf[e][NN] (attention prefetches [NN % of] the o-projection weight into L2 in line / bulk prefetches [after its key loop]), +gemvN (skinny linear up to N"
+                         " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +notma (no TMA K/V loads), +gemvN (skinny linear up to N"
                          " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear), +swiglu (silu*up in the gate/up skinny linear), +rope (RoPE + KV write in the qkv one) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
     ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,
                     help=f"GEMMs-alone table: the skinny linear too for up to this many tokens (default {MAX_ROWS},"

@@ -28,18 +28,6 @@ def test_reproduces_the_h200_refusals():
     assert c.fits and c.spill_bytes == 0
 
 
-def test_l2_prefetch_is_compiled_in_and_costs_no_resources():
-    """tree_attention(prefetch=...) puts a bulk L2 prefetch into the machine code (an unused
-    inline-asm result could be dropped as dead code) without changing registers or shared memory."""
-    items = [(TreeAttentionConfig(16, 64, 16, num_warps=4, num_stages=2), 128, 4),
-             (TreeAttentionConfig(128, 64, 8, num_warps=8, num_stages=3), 128, 4)]
-    plain = compile_check.tree_attention_reports(items)
-    warm = compile_check.tree_attention_reports(items, prefetch=True)
-    for p, w in zip(plain, warm, strict=True):
-        assert p.l2_prefetches == 0 and w.l2_prefetches >= 1
-        assert (w.registers, w.shared_bytes, w.spill_bytes) == (p.registers, p.shared_bytes, p.spill_bytes)
-
-
 def test_every_default_launch_shape_fits_sm90():
     """Bundled models x TP 1-8 shards x 1-256 queries x kv 512-16384, bf16: every distinct tile
     choose_config picks compiles for sm_90 within its shared memory (GROUP only changes index

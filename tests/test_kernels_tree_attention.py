@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 import torch
 
-from swiftspec.kernels.l2_prefetch import prefetch_span
 from swiftspec.kernels.tree_attention import (
     KERNEL_COST,
     SEPARATE_COST,
@@ -137,39 +136,6 @@ def test_tma_prefix_reads_match_reference(dtype, splits):
     gen = torch.Generator().manual_seed(11 + splits)
     t = 6
     run_case(t, 8, 2, 64, 300, 201, tree_case("verify", t, t, gen), dtype, splits, gen, tma=True)
-
-
-@pytest.mark.parametrize("splits", [1, 4])
-def test_l2_prefetch_changes_no_result(splits):
-    """tree_attention(prefetch=w): the same output bit for bit, and w untouched (on the CPU the
-    prefetch is skipped; on Hopper it runs: `l2_prefetch`)."""
-    gen = torch.Generator().manual_seed(splits)
-    big = HAS_CUDA
-    t, hq, hkv, d, max_len, prefix = (16, 32, 8, 128, 4096, 3000) if big else (4, 8, 2, 64, 200, 150)
-    q = torch.randn((t, hq, d), generator=gen).bfloat16().to(DEVICE)
-    k, v = (torch.randn((hkv, max_len, d), generator=gen).bfloat16().to(DEVICE) for _ in range(2))
-    w = torch.randn((4096 if big else 64, 4096 if big else 64), generator=gen).bfloat16().to(DEVICE)
-    w_before = w.clone()
-    mask = tree_case("verify", t, t, gen).to(DEVICE)
-    plain = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits)
-    for fraction, kind in ((1.0, "line-start"), (0.3, "line-end"), (1.0, "bulk-start"), (0.5, "bulk-end")):
-        warm = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits, prefetch=w, prefetch_fraction=fraction,
-                              prefetch_kind=kind)
-        assert torch.equal(warm, plain), kind
-    with pytest.raises(ValueError, match="prefetch_kind"):
-        tree_attention(q, k, v, prefix, mask, d**-0.5, prefetch=w, prefetch_kind="soon")
-    assert torch.equal(w, w_before)
-
-
-def test_prefetch_span():
-    w = torch.zeros(64, 64, dtype=torch.bfloat16, device=DEVICE)
-    assert prefetch_span(None) == 0 and prefetch_span(w, 0.0) == 0
-    assert prefetch_span(w.t()) == 0  # not contiguous
-    if HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9:
-        assert prefetch_span(w) == w.numel() * 2
-        assert prefetch_span(w, 0.3) == int(w.numel() * 2 * 0.3) // 16 * 16
-    else:  # no bulk prefetch here (CPU, interpreter, before sm_90): nothing to prefetch
-        assert prefetch_span(w) == 0
 
 
 def test_tma_needs_contiguous_caches():

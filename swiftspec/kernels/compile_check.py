@@ -37,24 +37,22 @@ from swiftspec.kernels.tree_attention import TreeAttentionConfig, _tree_attn_ker
 # Hopper's per-block shared memory limit (what Triton compares against: 227 KiB).
 SM90_SHARED_LIMIT = 232448
 
-_POINTERS = ("Q", "K", "V", "KD", "VD", "PREFIX", "MASKW", "OUT", "PART_ML", "PART_ACC", "COUNTERS", "PF")
+_POINTERS = ("Q", "K", "V", "KD", "VD", "PREFIX", "MASKW", "OUT", "PART_ML", "PART_ACC", "COUNTERS")
 _DIVISIBLE = (*_POINTERS, "MAX_LEN", "stride_qt", "stride_qh", "stride_kh", "stride_kn", "stride_vh", "stride_vn",
               "stride_ot", "stride_oh")
-_INTS = ("T", "N", "MAX_LEN", "NUM_SPLITS", "pf_bytes", "stride_qt", "stride_qh", "stride_kh", "stride_kn", "stride_vh",
+_INTS = ("T", "N", "MAX_LEN", "NUM_SPLITS", "stride_qt", "stride_qh", "stride_kh", "stride_kn", "stride_vh",
          "stride_vn", "stride_mt", "stride_ot", "stride_oh")
 
 
 @dataclass(frozen=True)
 class CompileReport:
     """What one compiled kernel needs per program: shared memory (bytes), registers per thread,
-    spill stack (bytes per thread); `fits` = shared memory within the target's limit;
-    `l2_prefetches` = bulk L2 prefetch instructions in its machine code (UBLKPF)."""
+    spill stack (bytes per thread); `fits` = shared memory within the target's limit."""
 
     shared_bytes: int
     registers: int
     spill_bytes: int
     fits: bool
-    l2_prefetches: int = 0
 
 
 def _ptxas_dir() -> str:
@@ -67,15 +65,13 @@ def available() -> bool:
 
 
 def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]], dtype: str = "bf16",
-                           capability: int = 90, prefetch: bool = False) -> list[CompileReport]:
+                           capability: int = 90) -> list[CompileReport]:
     """Compile `_tree_attn_kernel` once per (cfg, head_dim, group) for sm_<capability> (split-KV
     partials when cfg.num_splits > 1, separate combine) and report each one's resources.
-    dtype: "bf16", "fp16" or "fp32" (Triton type names); prefetch: with the L2 prefetch
-    (`tree_attention(prefetch=...)`)."""
+    dtype: "bf16", "fp16" or "fp32" (Triton type names)."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return [_report(cfg, d, g, dtype, capability, prefetch) for cfg, d, g in items]
-    return _in_child("tree_attention", [[dataclasses.asdict(c), d, g] for c, d, g in items], dtype, capability,
-                     prefetch)
+        return [_report(cfg, d, g, dtype, capability) for cfg, d, g in items]
+    return _in_child("tree_attention", [[dataclasses.asdict(c), d, g] for c, d, g in items], dtype, capability)
 
 
 def gemv_reports(items: Sequence[tuple[DotConfig, bool, str]], dtype: str = "bf16",
@@ -88,9 +84,9 @@ def gemv_reports(items: Sequence[tuple[DotConfig, bool, str]], dtype: str = "bf1
     return _in_child("gemv", [[dataclasses.asdict(c), r, e] for c, r, e in items], dtype, capability)
 
 
-def _in_child(kernel: str, items: list, dtype: str, capability: int, prefetch: bool = False) -> list[CompileReport]:
+def _in_child(kernel: str, items: list, dtype: str, capability: int) -> list[CompileReport]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    job = {"kernel": kernel, "dtype": dtype, "capability": capability, "items": items, "prefetch": prefetch}
+    job = {"kernel": kernel, "dtype": dtype, "capability": capability, "items": items}
     done = subprocess.run([sys.executable, "-m", "swiftspec.kernels.compile_check"], input=json.dumps(job), env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -116,14 +112,13 @@ def _gemv_report(cfg: DotConfig, rms: bool, epilogue: str, dtype: str, capabilit
 
 
 @functools.lru_cache(maxsize=256)
-def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, capability: int,
-            prefetch: bool = False) -> CompileReport:
+def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, capability: int) -> CompileReport:
     names = list(inspect.signature(_tree_attn_kernel.fn).parameters)
     ptr_types = {n: "*fp32" if n.startswith("PART_") else "*i32" if n in ("PREFIX", "MASKW", "COUNTERS") else f"*{dtype}"
                  for n in _POINTERS}
     constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "SPLIT": cfg.num_splits > 1, "IEEE": dtype == "fp32", "DOT_F32": False, "IN_KERNEL_COMBINE": False,
-                  "SPLITS_P2": 1, "PDL": False, "TMA": False, "PREFETCH": prefetch, "PF_LANES": 32 * cfg.num_warps}
+                  "SPLITS_P2": 1, "PDL": False, "TMA": False}
     signature = {**ptr_types, "scale_log2": "fp32", **dict.fromkeys(_INTS, "i32"),
                  **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in _DIVISIBLE}
@@ -145,13 +140,11 @@ def _compiled_report(fn, signature: dict, constexprs: dict, attrs: dict, num_war
         f.flush()
         usage = subprocess.run([os.path.join(_ptxas_dir(), "cuobjdump"), "--dump-resource-usage", f.name],
                                capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([os.path.join(_ptxas_dir(), "cuobjdump"), "-sass", f.name],
-                              capture_output=True, text=True, check=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     if m is None:
         raise RuntimeError(f"cuobjdump gave no resource line: {usage[-300:]}")
     shared = int(kernel.metadata.shared)
-    return CompileReport(shared, int(m.group(1)), int(m.group(2)), shared <= SM90_SHARED_LIMIT, sass.count("UBLKPF"))
+    return CompileReport(shared, int(m.group(1)), int(m.group(2)), shared <= SM90_SHARED_LIMIT)
 
 
 if __name__ == "__main__":  # the child of tree_attention_reports / gemv_reports under TRITON_INTERPRET=1
@@ -160,5 +153,5 @@ if __name__ == "__main__":  # the child of tree_attention_reports / gemv_reports
         reports = gemv_reports([(DotConfig(**c), r, e) for c, r, e in job["items"]], job["dtype"], job["capability"])
     else:
         reports = tree_attention_reports([(TreeAttentionConfig(**c), d, g) for c, d, g in job["items"]],
-                                         job["dtype"], job["capability"], job.get("prefetch", False))
+                                         job["dtype"], job["capability"])
     print(json.dumps([dataclasses.asdict(r) for r in reports]))

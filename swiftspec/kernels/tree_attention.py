@@ -69,14 +69,12 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftspec.kernels.l2_prefetch import l2_prefetch, prefetch_span
 from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
 
 # H200 streaming multiprocessors; used when no GPU is present (interpreter) so CPU tests exercise
 # the same split heuristic the GPU would use.
 _DEFAULT_NUM_SMS = 132
 _MAX_SPLITS = 64
-PREFETCH_KINDS = ("line-start", "line-end", "bulk-start", "bulk-end")
 # BLOCK_M 16 above 32 rows while its K/V reads (one per 16-row tile) stay below this: measured <= 16 MiB
 # wins, >= 32 MiB losses or ties (H200; `choose_config`)
 NARROW_TILE_MAX_BYTES = 24 << 20
@@ -159,15 +157,13 @@ def pack_tree_mask_ref(tree_mask: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _tree_attn_kernel(
-    Q, K, V, KD, VD, PREFIX, MASKW, OUT, PART_ML, PART_ACC, COUNTERS, PF,
-    scale_log2, T, N, MAX_LEN, NUM_SPLITS, pf_bytes,
+    Q, K, V, KD, VD, PREFIX, MASKW, OUT, PART_ML, PART_ACC, COUNTERS,
+    scale_log2, T, N, MAX_LEN, NUM_SPLITS,
     stride_qt, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
     stride_mt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
     IN_KERNEL_COMBINE: tl.constexpr, SPLITS_P2: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr,
-    PREFETCH: tl.constexpr = False, PF_LANES: tl.constexpr = 128, PF_AT_END: tl.constexpr = False,
-    PF_BULK: tl.constexpr = True,
 ):
     """Program (row tile, kv head, split): attention of BLOCK_M rows over one split of the keys.
 
@@ -178,19 +174,12 @@ def _tree_attn_kernel(
     splits' partials and writes the output; COUNTERS[pid_m * Hkv + kvh] (int32, zero on entry)
     counts arrivals and is reset to zero by that last split. Memory-ordering argument in
     `tree_attention`'s module docstring ("In-kernel combine").
-
-    PREFETCH: the programs together bulk-prefetch the bytes [PF, PF + pf_bytes) (a static weight,
-    the next GEMM's) into L2 first, so HBM streams it while they walk the keys (`l2_prefetch`).
     """
+    grid_sync(PDL)
     pid_m = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     hkv = tl.num_programs(1)
-    # a static weight: safe before the grid dependency wait (nothing before this kernel writes it)
-    pf_pid = pid_m + tl.num_programs(0) * (kvh + hkv * split)
-    pf_nprog = tl.num_programs(0) * hkv * tl.num_programs(2)
-    l2_prefetch(PF, pf_bytes, pf_pid, pf_nprog, PREFETCH and not PF_AT_END, PF_LANES, PF_BULK)
-    grid_sync(PDL)
     rows_total = T * GROUP
 
     pl = tl.minimum(tl.load(PREFIX).to(tl.int32), MAX_LEN)  # clamp: never read past the cache
@@ -264,7 +253,6 @@ def _tree_attn_kernel(
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
 
-    l2_prefetch(PF, pf_bytes, pf_pid, pf_nprog, PREFETCH and PF_AT_END, PF_LANES, PF_BULK)
     if not SPLIT:
         _store_out(OUT, acc, l_i, t_of_row, head_of_row, offs_d, row_ok, stride_ot, stride_oh)
     elif not IN_KERNEL_COMBINE:
@@ -684,9 +672,6 @@ def tree_attention(
     max_block_m: int = 128,
     pdl: bool = False,
     tma: bool | None = None,
-    prefetch: torch.Tensor | None = None,
-    prefetch_fraction: float = 1.0,
-    prefetch_kind: str = "line-start",
 ) -> torch.Tensor:
     """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
 
@@ -714,11 +699,6 @@ def tree_attention(
         tma:         read the prefix blocks' K/V through TMA tensor descriptors (Hopper; contiguous
                      caches); None: `choose_config`'s rule, which falls back to plain loads for
                      non-contiguous caches
-        prefetch:    optional static tensor (the next GEMM's weight) whose first `prefetch_fraction`
-                     of bytes the attention programs prefetch into L2 (`swiftspec.kernels.l2_prefetch`;
-                     Hopper; ignored elsewhere). Same output. prefetch_kind: "line-start" (128-byte
-                     line prefetches before the key loop), "line-end" (after it), "bulk-start",
-                     "bulk-end" (one bulk prefetch per thread).
     Returns:
         (T, Hq, D), dtype of q (`out` when given); float32 softmax and accumulation.
     Launches: pack (unless packed_mask), attention, and with num_splits > 1 either the combine
@@ -786,22 +766,16 @@ def tree_attention(
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         kd, vd = (TensorDescriptor.from_tensor(c.view(hkv * max_len, d), [cfg.block_n, d]) for c in (k_cache, v_cache))
-    if prefetch_kind not in PREFETCH_KINDS:
-        raise ValueError(f"prefetch_kind must be one of {PREFETCH_KINDS}, got {prefetch_kind!r}")
-    pf_bytes = prefetch_span(prefetch, prefetch_fraction)
-    pf_bulk, pf_end = prefetch_kind.startswith("bulk"), prefetch_kind.endswith("end")
     _tree_attn_kernel[(m_tiles, hkv, cfg.num_splits)](
         q, k_cache, v_cache, kd, vd, prefix, packed_mask, out, part_ml, part_acc, counters,
-        prefetch if pf_bytes else q, scale_log2, t, n, max_len, cfg.num_splits, pf_bytes,
+        scale_log2, t, n, max_len, cfg.num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         packed_mask.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         SPLIT=split, IEEE=ieee or dot_f32, DOT_F32=dot_f32,
         # SPLITS_P2 only shapes the in-kernel merge: 1 otherwise, so split counts share one compile.
         IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits) if in_kernel else 1, PDL=pdl,
-        TMA=use_tma, PREFETCH=pf_bytes > 0, PF_LANES=32 * cfg.num_warps * (1 if pf_bulk else 4),
-        PF_AT_END=pf_end, PF_BULK=pf_bulk,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
+        TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
     )
     if split and not in_kernel:
         _combine_kernel[(rows, hkv)](

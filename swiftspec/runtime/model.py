@@ -345,24 +345,18 @@ class Transformer(nn.Module):
             self._workspace = TreeAttentionWorkspace(self.device)
 
     def set_attention(self, impl: str, combine: str = ATTENTION_COMBINE, max_block_m: int = 128,
-                      tma: bool | None = None, l2_prefetch: float = 0.0, l2_prefetch_kind: str = "line-start") -> None:
+                      tma: bool | None = None) -> None:
         """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
         (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`, whose
         split-KV partials are merged by `combine` ("separate": a second launch, the default;
         "kernel": inside the attention launch); max_block_m 64 keeps its tiles of before the
-        2026-12-03 tile sweep and tma=False its plain K/V loads (benchmarks' A/B runs).
-        l2_prefetch (fusion "triton", Hopper): the fraction of each layer's o-projection weight that
-        its attention launch prefetches into L2 while it runs (`swiftspec.kernels.l2_prefetch`);
-        0 = none; l2_prefetch_kind: how (`tree_attention`'s prefetch_kind). Changes no result."""
-        if not 0.0 <= l2_prefetch <= 1.0:
-            raise UserError(f"l2_prefetch must be a fraction in [0, 1], got {l2_prefetch}")
+        2026-12-03 tile sweep and tma=False its plain K/V loads (benchmarks' A/B runs)."""
         if impl not in ATTENTION_IMPLS:
             raise UserError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         if combine not in ("separate", "kernel"):
             raise UserError(f"combine must be 'separate' or 'kernel', got {combine!r}")
         self.attn_combine = combine
-        self.attn_max_block_m, self.attn_tma, self.attn_prefetch = max_block_m, tma, float(l2_prefetch)
-        self.attn_prefetch_kind = l2_prefetch_kind
+        self.attn_max_block_m, self.attn_tma = max_block_m, tma
         self._kernel = self._pack = None
         if impl == "triton":
             try:
@@ -441,15 +435,12 @@ class Transformer(nn.Module):
         x = self._norm(x, self.norm, spec.rms_eps)
         return self._gather_logits(self._lin(x, self.lm_head, None, self.lm_head_scale).float())
 
-    def _attend(self, q, kc, vc, prefix_len, tree_mask, allowed, packed, prefetch=None) -> torch.Tensor:
-        """One layer's tree attention by the chosen impl: q (T, Hq, D) -> (T, Hq, D). prefetch: the
-        weight the Triton kernel warms in L2 (`set_attention(l2_prefetch=)`), if any."""
+    def _attend(self, q, kc, vc, prefix_len, tree_mask, allowed, packed) -> torch.Tensor:
+        """One layer's tree attention by the chosen impl: q (T, Hq, D) -> (T, Hq, D)."""
         if allowed is not None:
             return sdpa_tree_attention(q, kc, vc, allowed, self.scale)
         if self._kernel is not None:
             ws = {"workspace": self._workspace} if self._workspace is not None else {}
-            if prefetch is not None and self.attn_prefetch > 0:
-                ws.update(prefetch=prefetch, prefetch_fraction=self.attn_prefetch, prefetch_kind=self.attn_prefetch_kind)
             return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, pdl=self.pdl,
                                 combine=self.attn_combine, max_block_m=self.attn_max_block_m, tma=self.attn_tma,
                                 **ws)
@@ -475,7 +466,7 @@ class Transformer(nn.Module):
             else:
                 qkv, res = self._norm_lin(x, res, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wqkv_scale)
                 q = rope_kv(qkv, cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads, pdl=pdl)
-            a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed, prefetch=layer.wo)
+            a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
             o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_scale))
             if self.swiglu and self._gemv_runs(t, layer.w13_scale):  # silu * up in the GEMM's epilogue
                 up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_scale, act="swiglu")
