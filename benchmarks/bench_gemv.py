@@ -10,7 +10,8 @@ time / calls. Floor = weight bytes / device-to-device copy bandwidth measured in
 Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: the first sweep,
 bench_gemv-2026-12-02a, measured it at 3.7-32x cuBLAS's time at 4-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
 `fma_bn{N}_w{warps}`; kind "dot" (`tl.dot`, rows padded to 16) at BLOCK_N 64/128 x BLOCK_K
-64/128/256 x num_stages 3/5, named `dot_bn{N}_bk{K}_s{stages}`. `--quick`: one config of each.
+64/128/256 (`--block-k`) x num_stages 3/5 (`--stages`), named `dot_bn{N}_bk{K}_s{stages}` (`--warps
+4,8`: also over num_warps, `..._w{warps}`). `--quick`: one config of each; `--layers qkv,o`: only those.
 Every variant is checked against float32 `F.linear` (relative error column). `--fp8`: the same
 weights quantized (`quantize_fp8`) through the dot kernel, `fp8_default` (gemv's own config),
 `fp8_default_x16` (the same with x converted to float16 once, `gemv(x_f16=True)`) and
@@ -82,6 +83,11 @@ def main() -> None:
     ap.add_argument("--split-sweep", action="store_true",
                     help="only cuBLAS, gemv's own config and it with K split in 1, 2 and 4 (split_k), "
                          "to place the split rule (any --rows)")
+    ap.add_argument("--warps", default="",
+                    help="the tile sweep also over these num_warps (e.g. 4,8; names gain _w{N}); default: gemv's own")
+    ap.add_argument("--stages", default="3,5", help="num_stages of the tile sweep (default 3,5)")
+    ap.add_argument("--block-k", default="64,128,256", help="BLOCK_K of the tile sweep (default 64,128,256)")
+    ap.add_argument("--layers", default="", help="only these layers of the shape sets (e.g. qkv,o,gate_up,down)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     dev = args.device
@@ -90,8 +96,12 @@ def main() -> None:
     if unknown:
         print(f"error: unknown shape set {unknown[0]!r}: choose from {', '.join(SHAPE_SETS)}", file=sys.stderr)
         sys.exit(2)
+    layers = [v for v in args.layers.split(",") if v]
     picked = {(f"{k}@{s}" if "," in args.shapes else k): v for s in args.shapes.split(",")
-              for k, v in SHAPE_SETS[s].items()}
+              for k, v in SHAPE_SETS[s].items() if not layers or k in layers}
+    if not picked:
+        print(f"error: no layer named {args.layers!r}: choose from {', '.join(SHAPES)}", file=sys.stderr)
+        sys.exit(2)
     shapes = {k: (max(64, n // 256), max(64, kk // 256)) for k, (n, kk) in picked.items()} if args.quick else picked
     bw = copy_bandwidth(dev)
     rows = []
@@ -126,10 +136,13 @@ def main() -> None:
                     (b, n) for b in (2, 4, 8) for n in (1, 2, 4)]:
                 if m == 1:
                     variants[f"fma_bn{bn}_w{nw}"] = lambda w, bn=bn, nw=nw, x=x: gemv(x, w, block_n=bn, num_warps=nw, kind="fma")
-            for bn, bk, ns in [] if not sweep else [(64, 128, 3)] if args.quick else [
-                    (b, k, s) for b in (64, 128) for k in (64, 128, 256) for s in (3, 5)]:
-                variants[f"dot_bn{bn}_bk{bk}_s{ns}"] = (
-                    lambda w, bn=bn, bk=bk, ns=ns, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns, kind="dot"))
+            warps = [int(v) for v in args.warps.split(",") if v] or [None]
+            for bn, bk, ns, nw in [] if not sweep else [(64, 128, 3, None)] if args.quick else [
+                    (b, k, s, n) for b in (64, 128) for k in (int(v) for v in args.block_k.split(","))
+                    for s in (int(v) for v in args.stages.split(",")) for n in warps]:
+                variants[f"dot_bn{bn}_bk{bk}_s{ns}" + (f"_w{nw}" if nw else "")] = (
+                    lambda w, bn=bn, bk=bk, ns=ns, nw=nw, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns,
+                                                                 num_warps=nw, kind="dot"))
             # fp8 weights (`--fp8`): the same random weights quantized per row, against their own
             # floor (one byte per weight) and their own reference (the dequantized weights)
             w8s = [quantize_fp8(w) for w in ws] if args.fp8 else []

@@ -19,7 +19,9 @@ agreement with "off" (max relative error, argmax agreement) on the same inputs.
 step's GEMMs alone in one graph (the part no small-op fusion can remove), with `F.linear` (cuBLAS)
 and, for <= --gemm-gemv-rows tokens (16), the Triton skinny linear (`impl` column). Fusion "triton+gemv" is fusion
 "triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
-a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`),
+a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`;
+"+pdllate" in its late mode, where each kernel lets the next launch only after its main loop,
+"+pdlnp" early without the skinny linear's peeled first tile),
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
 combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
 tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where
@@ -253,7 +255,7 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
         if model.attention == "triton":
             model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
                                 max_block_m=64 if "bm64" in extras else 128, tma=False if "notma" in extras else None)
-        model.set_pdl("pdl" in extras)
+        model.set_pdl("late" if "pdllate" in extras else "early-nopeel" if "pdlnp" in extras else "pdl" in extras)
         return model
 
     for kv in args.kv:
@@ -411,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv", default="1024,4096")
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
-                         " append +pdl for programmatic dependent launch, +kernelcombine (tree attention's"
+                         " append +pdl for programmatic dependent launch (+pdllate: late mode, +pdlnp: early without the peeled tile), +kernelcombine (tree attention's"
                          " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +notma (no TMA K/V loads), +gemvN (skinny linear up to N"
                          " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear), +swiglu (silu*up in the gate/up skinny linear), +rope (RoPE + KV write in the qkv one) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
     ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,

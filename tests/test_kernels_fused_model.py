@@ -279,7 +279,8 @@ def test_set_fusion_modes(make_checkpoint):
                                                   ("triton", "triton", "off"), ("triton", "triton", "on"),
                                                   ("triton", "triton+foldnorm", "off"), ("triton", "triton+foldnorm", "on"),
                                                   ("triton", "triton+foldnorm+swiglu", "off"),
-                                                  ("triton", "triton+foldnorm+swiglu+rope", "off")])
+                                                  ("triton", "triton+foldnorm+swiglu+rope", "off"),
+                                                  ("triton", "triton+foldnorm+swiglu+rope", "late")])
 def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention, linear, pdl):
     from swiftspec.runtime.graphs import GraphRunner
 

@@ -80,7 +80,7 @@ def test_gemv_dot_beyond_sixteen_rows(dtype, m, n, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k", [(1, 40, 96), (3, 70, 200), (16, 33, 130), (2, 64, 1100)])
 @pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("pdl", [False, True] if HAS_CUDA else [False])
+@pytest.mark.parametrize("pdl", [False, True, "late"] if HAS_CUDA else [False])
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_gemv_rms_matches_add_rmsnorm_then_gemv(dtype, m, n, k, with_residual, pdl, split_k):
     """gemv(x, fold_norm_weight(w, g), rms_eps=, residual=r) = gemv(add_rmsnorm(x, r, g)[0], w) up to

@@ -17,18 +17,41 @@ HAS_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0]
 
 def test_pdl_refused_on_cpu(make_checkpoint):
     assert not pdl_available("cpu")
-    with pytest.raises(ValueError, match="compute capability >= 9.0"):
-        check_pdl(True, "cpu")
+    for mode in (True, "early", "late"):
+        with pytest.raises(ValueError, match="compute capability >= 9.0"):
+            check_pdl(mode, "cpu")
     check_pdl(False, "cpu")  # off is always fine
+    check_pdl("off", "cpu")
     assert resolve_pdl("cpu") is False and resolve_pdl("cpu", "off") is False and resolve_pdl("cuda", "on") is True
-    with pytest.raises(UserError, match="pdl must be one of auto, on, off"):
+    assert resolve_pdl("cuda", "late") == "late"
+    with pytest.raises(UserError, match="pdl must be one of auto, on, late, off"):
         resolve_pdl("cpu", "yes")
     model = load_model(make_checkpoint("llama"))
     assert model.pdl is False
-    with pytest.raises(UserError, match="pdl needs a CUDA GPU"):
-        model.set_pdl(True)
+    for mode in (True, "late"):
+        with pytest.raises(UserError, match="pdl needs a CUDA GPU"):
+            model.set_pdl(mode)
+    with pytest.raises(UserError, match="pdl must be False, True or one of off, early, late"):
+        model.set_pdl("soon")
+    model.set_pdl("off")
+    assert model.pdl is False
     with pytest.raises(UserError, match="pdl needs a CUDA GPU"):
         load_model(make_checkpoint("llama"), pdl="on")
+
+
+def test_pdl_modes():
+    """The kernels' PDL constexpr: 0 off, 1 early, 2 late; anything else refused; only early makes the
+    skinny linear give up a pipeline stage for its peeled first tile."""
+    from swiftspec.kernels.gemv import dot_config
+    from swiftspec.kernels.pdl import launch_options, pdl_mode
+
+    assert [pdl_mode(m) for m in (False, None, "off", True, "early", "late", "early-nopeel")] == [0, 0, 0, 1, 1, 2, 3]
+    for bad in ("on", 1.5, "LATE"):
+        with pytest.raises(ValueError, match="pdl must be"):
+            pdl_mode(bad)
+    assert launch_options(False) == {} and launch_options("late") == {"launch_pdl": True}
+    stages = {m: dot_config(1, 4096, 4096, 2, 2, pdl=m).num_stages for m in (False, True, "late", "early-nopeel")}
+    assert stages[True] == stages[False] - 1 and stages["late"] == stages["early-nopeel"] == stages[False]
 
 
 def test_kernels_refuse_pdl_on_cpu():
@@ -43,7 +66,7 @@ def test_kernels_refuse_pdl_on_cpu():
             call()
 
 
-def _layer_chain(p: dict, x: torch.Tensor, res: torch.Tensor, pdl: bool) -> list[torch.Tensor]:
+def _layer_chain(p: dict, x: torch.Tensor, res: torch.Tensor, pdl: bool | str) -> list[torch.Tensor]:
     """One decoder layer's kernels in the order the model runs them, then kv_move; all outputs."""
     from swiftspec.kernels.gemv import gemv
     from swiftspec.kernels.kv_move import kv_move
@@ -87,14 +110,14 @@ def test_gpu_pdl_chain_bit_identical_in_cuda_graph():
                 "mask": ancestor_mask(parents), "move_src": torch.tensor([700, 701, 704, 707], device=dev),
                 "ws": TreeAttentionWorkspace(dev)}  # fmt: skip
 
-    runs = {}  # equal weights and caches for both variants: the same seed for each
-    g.manual_seed(0)
-    runs[False] = params()
-    g.manual_seed(0)
-    runs[True] = params()
-    x0, r0 = rnd(t, hid), rnd(t, hid)  # the same inputs for both: the warm-up run writes the caches too
-    x_in = {k: x0.clone() for k in (False, True)}
-    r_in = {k: r0.clone() for k in (False, True)}
+    modes = (False, True, "late", "early-nopeel")
+    runs = {}  # equal weights and caches for every variant: the same seed for each
+    for mode in modes:
+        g.manual_seed(0)
+        runs[mode] = params()
+    x0, r0 = rnd(t, hid), rnd(t, hid)  # the same inputs for all: the warm-up run writes the caches too
+    x_in = {k: x0.clone() for k in modes}
+    r_in = {k: r0.clone() for k in modes}
     graphs, outs = {}, {}
     for pdl, p in runs.items():
         _layer_chain(p, x_in[pdl], r_in[pdl], pdl)  # compile outside capture
@@ -111,9 +134,10 @@ def test_gpu_pdl_chain_bit_identical_in_cuda_graph():
             p["slots"].copy_(600 + 17 * rep + torch.arange(t, device=dev))
             graphs[pdl].replay()
         torch.cuda.synchronize()
-        for i, (a, b) in enumerate(zip(outs[False], outs[True])):
-            assert torch.equal(a, b), f"replay {rep}: output {i} differs with pdl"
-        assert torch.equal(runs[False]["kc"], runs[True]["kc"]) and torch.equal(runs[False]["vc"], runs[True]["vc"])
+        for mode in modes[1:]:
+            for i, (a, b) in enumerate(zip(outs[False], outs[mode])):
+                assert torch.equal(a, b), f"replay {rep}: output {i} differs with pdl={mode!r}"
+            assert torch.equal(runs[False]["kc"], runs[mode]["kc"]) and torch.equal(runs[False]["vc"], runs[mode]["vc"])
         # and the chain is right, not just repeatable: the last GEMM against torch on the same input
         ref = torch.nn.functional.linear(outs[True][9], runs[True]["w2"])
         assert float((outs[True][10].float() - ref.float()).abs().max()) <= 2e-2 * float(ref.float().abs().max())

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
 
 SHARED_BYTES = 220 * 1024  # pipeline buffers' budget: Hopper has 227 KB of shared memory per block
 MAX_ROWS = 16  # the model's default: more token rows go to F.linear (measured at 1-16 rows only)
@@ -62,6 +62,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
         x = tl.load(X + rows[:, None] * stride_x + ks[None, :], mask=ok_m[:, None] & ok_k[None, :],
                     other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_K)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    grid_release(PDL)
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], acc.to(Y.dtype.element_ty),
@@ -110,9 +111,9 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     acc_r = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # RMS with HAS_RES: w @ RES.T
     sq = tl.zeros((BLOCK_K, BLOCK_M), dtype=tl.float32)  # RMS: squares of h, summed over K at the end
     k_first = k_lo
-    if PDL:
-        # The weights are static: start streaming the first tile before waiting for the kernel
-        # that writes x, so its DRAM latency overlaps that kernel's tail (see pdl.py).
+    if PDL == 1:
+        # Early PDL: the weights are static, so start streaming the first tile before waiting for
+        # the kernel that writes x; its DRAM latency overlaps that kernel's tail (see pdl.py).
         k_first = k_lo + BLOCK_K
         ks = k_lo + tl.arange(0, BLOCK_K)
         ok = (ks < k_hi)[:, None] & ok_m[None, :]
@@ -123,6 +124,8 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
         acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
         if RMS:
             acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok, stride_r, IEEE, UPCAST, HAS_RES)
+    else:
+        grid_sync(PDL)
     for k0 in range(k_first, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         ok_k = ks < k_hi
@@ -134,6 +137,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
         if RMS:
             acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok_k[:, None] & ok_m[None, :], stride_r,
                                   IEEE, UPCAST, HAS_RES)
+    grid_release(PDL)  # late PDL: the next kernel may launch during this epilogue
     if RMS:
         acc += acc_r
         if SPLIT_K == 1:
@@ -330,7 +334,7 @@ class DotConfig:
     split_k: int
 
 
-def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool = False, pdl: bool = False,
+def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool = False, pdl: bool | str = False,
                residual: bool = False, norm: bool = False, block_n: int | None = None, block_k: int | None = None,
                num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None) -> DotConfig:
     """The dot kind's launch shape for x (m, k) @ w (n, k).T, w_bytes / x_bytes per element (residual:
@@ -357,8 +361,8 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
             split_k = 1 if bm > 16 else native_split(triton.cdiv(n, bn), k)
     num_warps, split_k = num_warps or 4, min(split_k or 1, triton.cdiv(k, bk))
     stage_bytes = (bn * w_bytes + bm * x_bytes * (2 if residual else 1)) * bk  # weight tile + x (+ residual) tile
-    # with pdl the first tile, loaded before the pipelined loop, takes one more stage's room
-    room = SHARED_BYTES - (stage_bytes if pdl else 0)
+    # with early pdl the first tile, loaded before the pipelined loop, takes one more stage's room
+    room = SHARED_BYTES - (stage_bytes if pdl_mode(pdl) == 1 else 0)
     num_stages = num_stages or max(1, min(5, room // stage_bytes))
     return DotConfig(bm, bn, bk, num_warps, num_stages, split_k)
 
@@ -394,7 +398,7 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          scale: torch.Tensor | None = None, block_n: int | None = None, block_k: int | None = None,
          num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None,
-         x_f16: bool = False, kind: str = "dot", pdl: bool = False, rms_eps: float | None = None,
+         x_f16: bool = False, kind: str = "dot", pdl: bool | str = False, rms_eps: float | None = None,
          residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
          act: str | None = None, rope: RopeKV | None = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
@@ -420,8 +424,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     the GPU, native weights at <= 16 rows with too few column blocks for a long K (`SPLIT_RULES`:
     TP-shard qkv GEMMs, the 1B's down), with rms_eps too. kind "fma": broadcast multiply + sum
     in float32 (no tensor cores; block_n 16 and 8192 products per K step). pdl: launch as a
-    programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs); the dot kind then loads
-    its first weight tile before waiting for the previous kernel.
+    programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs): True / "early" (the dot
+    kind then loads its first weight tile before waiting for the previous kernel) or "late" (the
+    next kernel may launch once the K loop is done).
 
     rms_eps: the input is RMSNorm(h) with h = x + residual (x alone without one) and the norm's
     weight folded into `weight` (W · diag(g): `fold_norm_weight`), so the add + norm before a GEMM
@@ -516,7 +521,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
-            SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+            SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )
         if split_k > 1:
@@ -524,14 +529,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             _split_sum_kernel[(triton.cdiv(total, 1024),)](
                 part, y, bias if bias is not None else x, sq, float(rms_eps or 0.0), m, n, k, y.stride(0), *rp,
                 SPLIT_K=split_k, HAS_BIAS=rms and bias is not None, RMS=rms, SWIGLU=swiglu, ROPE=rope is not None,
-                HALF=half, BLOCK=1024, PDL=pdl, **launch_options(pdl))
+                HALF=half, BLOCK=1024, PDL=pdl_mode(pdl), **launch_options(pdl))
         return y
     if kind != "fma":
         raise ValueError(f"kind must be 'fma' or 'dot', got {kind!r}")
     bm, bn, bk = gemv_config(m, block_n, block_k)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=num_warps or 4,
+        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl), num_warps=num_warps or 4,
         **({} if num_stages is None else {"num_stages": num_stages}),
         **launch_options(pdl),
     )

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options, pdl_mode
 
 _MAX_CHUNK = 256
 
@@ -73,7 +73,7 @@ def kv_move(
     dst_start: torch.Tensor | int,
     *,
     n_valid: torch.Tensor | None = None,
-    pdl: bool = False,
+    pdl: bool | str = False,
 ) -> None:
     """Copy slots `src_slots[i]` to `dst_start + i` in every layer and head of k and v, in place.
 
@@ -106,7 +106,7 @@ def kv_move(
     _kv_move_kernel[(layers * hkv, 2)](
         k, v, src_slots, dst, n_valid if n_valid is not None else dst, n, hkv,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        HEAD_DIM=d, BLOCK_T=block_t, HAS_NVALID=n_valid is not None, PDL=pdl, num_warps=num_warps,
+        HEAD_DIM=d, BLOCK_T=block_t, HAS_NVALID=n_valid is not None, PDL=pdl_mode(pdl), num_warps=num_warps,
         **launch_options(pdl),
     )
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options, pdl_mode
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def add_rmsnorm(
     *,
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
-    pdl: bool = False,
+    pdl: bool | str = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(normed, new_residual) with new_residual = residual + x (x itself when residual is None) and
     normed = RMSNorm(new_residual) * weight, in one launch.
@@ -92,7 +92,7 @@ def add_rmsnorm(
     _add_rmsnorm_kernel[(t,)](
         x, res, weight, out, new_res, h, float(eps),
         x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
-        BLOCK=block, HAS_RES=residual is not None, PDL=pdl, num_warps=num_warps, **launch_options(pdl),
+        BLOCK=block, HAS_RES=residual is not None, PDL=pdl_mode(pdl), num_warps=num_warps, **launch_options(pdl),
     )
     return out, new_res
 

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options, pdl_mode
 
 
 @triton.jit
@@ -114,7 +114,7 @@ def rope_kv(
     kv_heads: int,
     *,
     out: torch.Tensor | None = None,
-    pdl: bool = False,
+    pdl: bool | str = False,
 ) -> torch.Tensor:
     """Rotate q and k of the fused projection, write k and v into the cache at `slots`; return q.
 
@@ -142,7 +142,7 @@ def rope_kv(
         qkv, cos, sin, slots, q, k_cache, v_cache, q_heads, kv_heads,
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        HALF=half, BLOCK=triton.next_power_of_2(half), PDL=pdl, num_warps=1 if half <= 64 else 2,
+        HALF=half, BLOCK=triton.next_power_of_2(half), PDL=pdl_mode(pdl), num_warps=1 if half <= 64 else 2,
         **launch_options(pdl),
     )
     return q

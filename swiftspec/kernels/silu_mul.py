@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options, pdl_mode
 
 
 @triton.jit
@@ -27,7 +27,7 @@ def _silu_mul_kernel(GU, OUT, F, stride_gu, stride_o, BLOCK: tl.constexpr, PDL: 
     tl.store(OUT + t * stride_o + cols, (s * u).to(OUT.dtype.element_ty), mask=ok)
 
 
-def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool | str = False) -> torch.Tensor:
     """(T, 2F) fused gate|up projection -> silu(gate) * up, (T, F), one launch.
 
     gate_up: last dim contiguous; gate is columns [0, F), up is [F, 2F). Returns a new tensor of
@@ -47,7 +47,7 @@ def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None, pdl: boo
         return out
     block = min(1024, triton.next_power_of_2(f))
     _silu_mul_kernel[(t, triton.cdiv(f, block))](gate_up, out, f, gate_up.stride(0), out.stride(0),
-                                                 BLOCK=block, PDL=pdl, num_warps=4, **launch_options(pdl))  # fmt: skip
+                                                 BLOCK=block, PDL=pdl_mode(pdl), num_warps=4, **launch_options(pdl))  # fmt: skip
     return out
 
 

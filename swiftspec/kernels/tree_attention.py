@@ -69,7 +69,7 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options
+from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
 
 # H200 streaming multiprocessors; used when no GPU is present (interpreter) so CPU tests exercise
 # the same split heuristic the GPU would use.
@@ -101,7 +101,7 @@ def _pack_mask_kernel(
     tl.store(PACKED + t * stride_pt + words, packed, mask=words < W)
 
 
-def pack_tree_mask(tree_mask: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
+def pack_tree_mask(tree_mask: torch.Tensor, *, pdl: bool | str = False) -> torch.Tensor:
     """Bit-pack a (T, N) bool tree mask into (T, max(1, ceil(N / 32))) int32 words, on its device.
 
     Bit j % 32 of word j // 32 in row i is tree_mask[i, j]. One launch, no host sync; reuse the
@@ -119,7 +119,7 @@ def pack_tree_mask(tree_mask: torch.Tensor, *, pdl: bool = False) -> torch.Tenso
     m = tree_mask.contiguous().view(torch.uint8)
     block_w = min(32, triton.next_power_of_2(w))
     _pack_mask_kernel[(t, triton.cdiv(w, block_w))](m, packed, n, w, m.stride(0), packed.stride(0), BLOCK_W=block_w,
-                                                           PDL=pdl, **launch_options(pdl))
+                                                           PDL=pdl_mode(pdl), **launch_options(pdl))
     return packed
 
 
@@ -253,6 +253,7 @@ def _tree_attn_kernel(
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
 
+    grid_release(PDL)  # late PDL: the next kernel may launch during the stores / the merge
     if not SPLIT:
         _store_out(OUT, acc, l_i, t_of_row, head_of_row, offs_d, row_ok, stride_ot, stride_oh)
     elif not IN_KERNEL_COMBINE:
@@ -670,7 +671,7 @@ def tree_attention(
     num_stages: int | None = None,
     num_warps: int | None = None,
     max_block_m: int = 128,
-    pdl: bool = False,
+    pdl: bool | str = False,
     tma: bool | None = None,
 ) -> torch.Tensor:
     """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
@@ -774,13 +775,13 @@ def tree_attention(
         GROUP=group, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         SPLIT=split, IEEE=ieee or dot_f32, DOT_F32=dot_f32,
         # SPLITS_P2 only shapes the in-kernel merge: 1 otherwise, so split counts share one compile.
-        IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits) if in_kernel else 1, PDL=pdl,
+        IN_KERNEL_COMBINE=in_kernel, SPLITS_P2=triton.next_power_of_2(cfg.num_splits) if in_kernel else 1, PDL=pdl_mode(pdl),
         TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
     )
     if split and not in_kernel:
         _combine_kernel[(rows, hkv)](
             prefix, part_ml, part_acc, out, t, n, max_len, cfg.num_splits, out.stride(0), out.stride(1),
-            GROUP=group, HEAD_DIM=d, BLOCK_N=cfg.block_n, SPLITS_P2=triton.next_power_of_2(cfg.num_splits), PDL=pdl,
+            GROUP=group, HEAD_DIM=d, BLOCK_N=cfg.block_n, SPLITS_P2=triton.next_power_of_2(cfg.num_splits), PDL=pdl_mode(pdl),
             num_warps=4 if cfg.num_splits * d >= 4096 else 2, **launch_options(pdl),
         )
     return out

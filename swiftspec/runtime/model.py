@@ -302,16 +302,24 @@ class Transformer(nn.Module):
         `scale` given)."""
         return self._gemv is not None and rows <= (self._gemv_rows if scale is None else self._gemv_fp8_rows)
 
-    def set_pdl(self, on: bool) -> None:
+    def set_pdl(self, on: bool | str) -> None:
         """Launch the Triton kernels (fusion "triton", attention "triton", linear "triton") as
         programmatic dependent launches, so each one's launch and ramp-up overlaps the tail of the
-        kernel before it (`swiftspec.kernels.pdl`). Needs a CUDA GPU of compute capability >= 9."""
-        if on:
-            from swiftspec.kernels.pdl import pdl_available
+        kernel before it (`swiftspec.kernels.pdl`). on: False / "off", True / "early" (the next
+        kernel launches once every program has started; "early-nopeel" the same without the skinny
+        linear's peeled first tile) or "late" (once every program's main loop is done). Needs a CUDA GPU of compute capability >= 9."""
+        if on is False or on == "off":
+            self.pdl = False
+            return
+        from swiftspec.kernels.pdl import pdl_available, pdl_mode
 
-            if not pdl_available(self.device):
-                raise UserError(f"pdl needs a CUDA GPU of compute capability >= 9.0 (model on {self.device})")
-        self.pdl = bool(on)
+        try:
+            mode = pdl_mode(on)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if not pdl_available(self.device):
+            raise UserError(f"pdl needs a CUDA GPU of compute capability >= 9.0 (model on {self.device})")
+        self.pdl = True if mode == 1 else on
 
     def set_fusion(self, mode: str | bool) -> None:
         """How the small per-layer ops run (a batch-1 step is launch-bound):

@@ -200,19 +200,21 @@ def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
     return linear
 
 
-PDL_CHOICES = ("auto", "on", "off")
+PDL_CHOICES = ("auto", "on", "late", "off")
 FOLD_NORM_CHOICES = ("auto", "on", "off")
 SWIGLU_CHOICES = ("auto", "on", "off")
 ROPE_CHOICES = ("auto", "on", "off")
 WEIGHT_FORMATS = ("native", "fp8")
 
 
-def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool:
-    """Whether the model's Triton kernels use programmatic dependent launch (`Transformer.set_pdl`):
-    "on", "off", or "auto" = off until the step is measured faster with it (bench_step_kernels.py)."""
+def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool | str:
+    """How the model's Triton kernels use programmatic dependent launch (`Transformer.set_pdl`):
+    "on" (True: early, each kernel lets the next launch right after its own wait), "late" (after
+    its main loop), "off" (False), or "auto" = off until the step is measured faster with it
+    (bench_step_kernels.py, suffixes "+pdl" and "+pdllate")."""
     if pdl not in PDL_CHOICES:
         raise UserError(f"pdl must be one of {', '.join(PDL_CHOICES)}, got {pdl!r}")
-    return pdl == "on"
+    return {"on": True, "late": "late"}.get(pdl, False)
 
 
 def resolve_fold_norm(device: str | torch.device, fold_norm: str = "auto", linear: str = "triton",
@@ -282,7 +284,7 @@ def kernel_settings(device: str | torch.device, weight_format: str = "native") -
     rope = resolve_rope(device, linear=linear, fusion=fusion, weight_format=weight_format)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
             "fold_norm": "tp1" if fold else "off", "fusion": fusion, "linear": linear,
-            "pdl": "on" if resolve_pdl(device) else "off", "rope": "on" if rope else "off",
+            "pdl": {True: "on", "late": "late"}.get(resolve_pdl(device), "off"), "rope": "on" if rope else "off",
             "swiglu": "on" if swiglu else "off",
             "tree_growth": resolve_tree_growth(device), "weight_format": weight_format}
 
@@ -328,7 +330,7 @@ def load_model(
 
     linear: "auto" (see `resolve_linear`), "torch" or "triton" (see `Transformer.set_linear`).
 
-    pdl: "auto" (see `resolve_pdl`), "on" or "off" (see `Transformer.set_pdl`).
+    pdl: "auto" (see `resolve_pdl`), "on", "late" or "off" (see `Transformer.set_pdl`).
 
     fold_norm: "auto" (see `resolve_fold_norm`), "on" or "off"; applied after the weights are read.
 
