@@ -97,6 +97,12 @@ def main() -> None:
         print(f"error: unknown shape set {unknown[0]!r}: choose from {', '.join(SHAPE_SETS)}", file=sys.stderr)
         sys.exit(2)
     layers = [v for v in args.layers.split(",") if v]
+    try:  # the tile sweep's lists, checked before any GPU work
+        warps = [int(v) for v in args.warps.split(",") if v] or [None]
+        stages = [int(v) for v in args.stages.split(",") if v]
+        block_ks = [int(v) for v in args.block_k.split(",") if v]
+    except ValueError:
+        ap.error("--warps, --stages and --block-k take comma-separated integers, e.g. --stages 3,5")
     picked = {(f"{k}@{s}" if "," in args.shapes else k): v for s in args.shapes.split(",")
               for k, v in SHAPE_SETS[s].items() if not layers or k in layers}
     if not picked:
@@ -136,10 +142,8 @@ def main() -> None:
                     (b, n) for b in (2, 4, 8) for n in (1, 2, 4)]:
                 if m == 1:
                     variants[f"fma_bn{bn}_w{nw}"] = lambda w, bn=bn, nw=nw, x=x: gemv(x, w, block_n=bn, num_warps=nw, kind="fma")
-            warps = [int(v) for v in args.warps.split(",") if v] or [None]
             for bn, bk, ns, nw in [] if not sweep else [(64, 128, 3, None)] if args.quick else [
-                    (b, k, s, n) for b in (64, 128) for k in (int(v) for v in args.block_k.split(","))
-                    for s in (int(v) for v in args.stages.split(",")) for n in warps]:
+                    (b, k, s, n) for b in (64, 128) for k in block_ks for s in stages for n in warps]:
                 variants[f"dot_bn{bn}_bk{bk}_s{ns}" + (f"_w{nw}" if nw else "")] = (
                     lambda w, bn=bn, bk=bk, ns=ns, nw=nw, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns,
                                                                  num_warps=nw, kind="dot"))

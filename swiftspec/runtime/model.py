@@ -308,15 +308,15 @@ class Transformer(nn.Module):
         kernel before it (`swiftspec.kernels.pdl`). on: False / "off", True / "early" (the next
         kernel launches once every program has started; "early-nopeel" the same without the skinny
         linear's peeled first tile) or "late" (once every program's main loop is done). Needs a CUDA GPU of compute capability >= 9."""
-        if on is False or on == "off":
-            self.pdl = False
-            return
         from swiftspec.kernels.pdl import pdl_available, pdl_mode
 
         try:
             mode = pdl_mode(on)
         except ValueError as e:
             raise UserError(str(e)) from None
+        if mode == 0:
+            self.pdl = False
+            return
         if not pdl_available(self.device):
             raise UserError(f"pdl needs a CUDA GPU of compute capability >= 9.0 (model on {self.device})")
         self.pdl = True if mode == 1 else on
