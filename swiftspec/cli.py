@@ -255,9 +255,15 @@ def _int_list(text: str | None, flag: str) -> list[int] | None:
 @click.option("--tree-growth", default="auto", show_default=True,
               help="The draft's top-k: auto | torch | triton | graph (replayed from CUDA graphs: faster alone, "
                    "no faster in a decode on the H200).")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0: greedy. > 0: sample the target at this temperature; lossless in every mode (each "
+                   "token is the target's own draw, so the output equals autoregressive sampling with the "
+                   "same --sample-seed).")
+@click.option("--sample-seed", type=int, default=0, show_default=True, help="Seed of the sampling draws.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_ids, max_new_tokens, device,
-             dtype, weights, eos, max_len, seed, weight_format, tree_growth, as_json) -> None:  # fmt: skip
+             dtype, weights, eos, max_len, seed, weight_format, tree_growth, temperature, sample_seed,
+             as_json) -> None:  # fmt: skip
     """Decode one prompt on one process: autoregressive, chain or serial (tree) speculation."""
     import json
 
@@ -270,12 +276,13 @@ def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_
         target, draft if m is not Mode.autoregressive else None, mode=m, policy=policy, prompt=prompt,
         prompt_ids=_int_list(prompt_ids, "--prompt-ids"), max_new_tokens=max_new_tokens, device=device,
         dtype=dtype, weights=weights, eos=eos, max_len=max_len, seed=seed, weight_format=weight_format,
-        tree_growth=tree_growth,
+        tree_growth=tree_growth, temperature=temperature, sample_seed=sample_seed,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(to_jsonable(res.to_dict())))
         return
-    click.echo(f"mode: {res.mode}  policy: {res.policy}  device: {device}  dtype: {dtype}")
+    sampling = f"  temperature: {res.temperature:g} (seed {sample_seed})" if res.temperature > 0 else ""
+    click.echo(f"mode: {res.mode}  policy: {res.policy}  device: {device}  dtype: {dtype}{sampling}")
     click.echo(f"weights: {res.weights}" + (f" ({res.weight_format})" if res.weight_format != "native" else ""))
     click.echo(f"tokens: {' '.join(map(str, res.tokens))}")
     if res.text is not None:
@@ -454,8 +461,12 @@ def profile_check_cmd(folder, as_json) -> None:
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=float,
               help="seconds a collective may wait / the run may make no progress before it is stopped")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float,
+              help="0: greedy. > 0: sample the target, losslessly (needs --weights checkpoint); every mode then "
+                   "produces the same tokens for the same --sample-seed")
+@click.option("--sample-seed", default=0, show_default=True, type=int, help="seed of prompt 0's draws (prompt i: + i)")
 def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, out_dir,
-            timeout_s, seed) -> None:
+            timeout_s, seed, temperature, sample_seed) -> None:
     """Run a plan with the asynchronous runtime, plus baselines in the same launch; measured vs predicted."""
     from swiftspec.runtime.launch import RunFailed, format_report, run_plan
 
@@ -463,7 +474,7 @@ def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weig
         log = run_plan(plan_path, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                        device=device, dtype=dtype, weights=weights, acceptance=acceptance,
                        modes=[m.strip() for m in modes.split(",") if m.strip()] if modes else None,
-                       timeout_s=timeout_s, seed=seed)
+                       timeout_s=timeout_s, seed=seed, temperature=temperature, sample_seed=sample_seed)
     except RunFailed as e:
         click.echo(f"error: run failed: {e}", err=True)
         sys.exit(1)

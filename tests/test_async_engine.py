@@ -114,3 +114,23 @@ def test_async_fp8_models_equal_fp8_greedy_at_any_tp(pair):
     native = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
                                         eos=False).tokens for p in PROMPTS]
     assert fp8 != native  # the fp8 models ran
+
+
+def test_async_sampling_equals_target_only_sampling(pair):
+    """Sampling (`Job.temperature`): with 1 draft rank + 2 target ranks, async, serial and the
+    autoregressive baseline all give single-process target-only sampling's tokens, prompt i drawn
+    with seed sample_seed + i; and those differ from greedy (the draws ran)."""
+    target, draft = pair
+    tasks = [Task(Mode.async_, TreePolicy(bs=6, w=2, d=2)), Task(Mode.serial, TreePolicy(bs=6, w=2, d=2)),
+             Task(Mode.autoregressive, TreePolicy.autoregressive())]
+    job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(1, 2), tasks=tasks,
+              prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60, temperature=0.9, sample_seed=5)
+    results = launch(job)
+    sampled = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
+                                         eos=False, temperature=0.9, sample_seed=5 + i).tokens
+               for i, p in enumerate(PROMPTS)]  # fmt: skip
+    _check(results, sampled)
+    assert max(r["accepted"] for r in results[0]["rows"]) > 1
+    greedy = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
+                                        eos=False).tokens for p in PROMPTS]  # fmt: skip
+    assert sampled != greedy

@@ -44,12 +44,14 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def decode(target, draft, prompt, mode=Mode.autoregressive, policy=None, n=NEW, keep=True, eos=()) -> GenerateResult:
+def decode(target, draft, prompt, mode=Mode.autoregressive, policy=None, n=NEW, keep=True, eos=(),
+           temperature=0.0, sample_seed=0) -> GenerateResult:  # fmt: skip
     """Fresh runners (empty caches) sized as `generate_from_checkpoints` sizes them."""
     policy = policy or TreePolicy.autoregressive()
     t = ModelRunner(target, cache_slots(len(prompt), n, policy, draft=False))
     d = ModelRunner(draft, cache_slots(len(prompt), n, policy, draft=True)) if draft is not None else None
-    return generate(t, d, prompt, GenerateConfig(mode, policy, n, tuple(eos), keep))
+    cfg = GenerateConfig(mode, policy, n, tuple(eos), keep, temperature=temperature, sample_seed=sample_seed)
+    return generate(t, d, prompt, cfg)
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +157,60 @@ def test_random_draft_gives_identical_output(pair, make_checkpoint) -> None:
     assert decode(target, unrelated, prompt, Mode.chain, TreePolicy.chain(4)).tokens == ref
 
 
+# ---- sampling (temperature > 0) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["chain3", "bs8-w2-d3", "bs10-w4-d4-fresh", "static7"])
+def test_sampling_is_lossless(pair, arch: str, name: str) -> None:
+    """Sampled speculation equals target-only sampling with the same seed, token for token: every
+    produced token is the target's own draw at its output position (verify.SamplingVerifier)."""
+    mode, policy, keep = POLICIES[name]
+    target, small, noisy = pair(arch)
+    accepted, differs = [], 0
+    for i, prompt in enumerate(prompts(zlib.crc32(f"sample/{arch}/{name}".encode()), k=2)):
+        for temperature, seed in ((0.5, i), (1.3, 100 + i)):
+            ref = decode(target, None, prompt, temperature=temperature, sample_seed=seed)
+            assert len(ref.tokens) == NEW and ref.temperature == temperature
+            differs += ref.tokens != decode(target, None, prompt).tokens
+            for draft in (small, noisy, target):
+                res = decode(target, draft, prompt, mode, policy, keep=keep, temperature=temperature,
+                             sample_seed=seed)  # fmt: skip
+                assert res.tokens == ref.tokens, f"prompt {i}, T {temperature}: sampled speculation differs"
+                accepted += [r.accepted for r in res.records]
+    assert max(accepted) > 1  # drafted tokens were accepted: the accept path ran
+    assert differs > 0  # the draws are not the greedy tokens: sampling ran
+
+
+def test_sampling_seeds_differ(pair) -> None:
+    target, _, noisy = pair("llama")
+    prompt = prompts(12, k=1)[0]
+    a, b = (decode(target, noisy, prompt, Mode.serial, TreePolicy(bs=8, w=2, d=3), temperature=1.0, sample_seed=s)
+            for s in (1, 2))  # fmt: skip
+    assert a.tokens != b.tokens
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
+def test_inverse_cdf_sampler_matches_softmax(temperature: float) -> None:
+    """`sample_by_inverse_cdf` against a float64 reference: the exact token for each uniform (the
+    first whose cumulative probability exceeds it), and frequencies within 4 sigma of softmax."""
+    from swiftspec.runtime.verify import sample_by_inverse_cdf
+
+    g = torch.Generator().manual_seed(int(temperature * 10))
+    logits = torch.randn(3, 50, generator=g) * 3
+    logits[1, 7] = -float("inf")  # a token that can never be drawn
+    u = torch.rand(3, 20000, generator=g, dtype=torch.float64)
+    got = torch.stack([sample_by_inverse_cdf(logits[r].expand(20000, -1), u[r], temperature) for r in range(3)])
+    p = torch.softmax(logits.double() / temperature, dim=-1)
+    cdf = p.cumsum(-1)
+    want = torch.searchsorted(cdf, (u * cdf[:, -1:]).contiguous(), right=True)
+    assert (got != want).float().mean() < 1e-3  # float32 vs float64 cumsums differ only at boundaries
+    assert not (got[1] == 7).any()
+    freq = torch.stack([torch.bincount(got[r], minlength=50) for r in range(3)]).double() / 20000
+    sigma = (p * (1 - p) / 20000).sqrt()
+    assert ((freq - p).abs() <= 4 * sigma + 1e-4).all()
+
+
 # ---- CLI -----------------------------------------------------------------------------------
 
 
@@ -197,6 +253,23 @@ def test_cli_text_prompt_random_weights(make_checkpoint, monkeypatch, capsys) ->
     assert code == 0 and "weights: random" in out.splitlines()
 
 
+def test_cli_sampling(make_checkpoint, monkeypatch, capsys) -> None:
+    """--temperature / --sample-seed: serial speculation gives autoregressive sampling's tokens."""
+    target, draft = make_checkpoint("llama"), make_checkpoint("llama", **SMALL_DRAFT)
+    common = ["--target", target, "--prompt-ids", "5,6,7", "--max-new-tokens", 10, "--no-eos",
+              "--temperature", 0.8, "--sample-seed", 3]  # fmt: skip
+    code, out, err = cli(["generate", *common, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    ref = json.loads(out)
+    code, out, err = cli(["generate", *common, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2, "--d", 2,
+                          "--json"], monkeypatch, capsys)  # fmt: skip
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["temperature"] == ref["temperature"] == 0.8 and res["tokens"] == ref["tokens"]
+    code, out, err = cli(["generate", *common], monkeypatch, capsys)
+    assert code == 0 and "temperature: 0.8 (seed 3)" in out.splitlines()[0]
+
+
 def test_cli_fp8_is_labelled_and_lossless(make_checkpoint, monkeypatch, capsys) -> None:
     """--weight-format fp8: the JSON says so, and serial speculation over the fp8 pair gives the
     fp8 target's own greedy tokens (--tree-growth graph falls back to torch on CPU)."""
@@ -228,6 +301,8 @@ BAD = {
                       "--weight-format must be one of native, fp8"),  # fmt: skip
     "tree-growth": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--tree-growth", "cub"],
                     "--tree-growth must be one of"),  # fmt: skip
+    "temperature": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--temperature", "-0.5"],
+                    "--temperature must be a finite number >= 0"),  # fmt: skip
 }
 
 

@@ -76,3 +76,26 @@ def test_plan_weight_format_follows_the_plans_profile(tmp_path):
     assert plan_weight_format(plan("builtin:h200-measured")) == "native"
     assert plan_weight_format(plan(None)) == "native"
     assert plan_weight_format(plan(str(tmp_path / "gone"))) == "native"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "0.7", "--weights", "random"], "--temperature needs measured acceptance"),
+])  # fmt: skip
+def test_run_refuses_bad_sampling_before_starting(make_checkpoint, tmp_path, monkeypatch, capsys, args, needle):
+    """`swiftspec run --temperature`: a bad value, or sampling with synthetic acceptance (whose rank
+    paths choose the tokens), is one line and exit 2 before any worker starts or any file is written."""
+    from swiftspec.cli import main
+
+    target = make_checkpoint("llama")
+    Plan(target=str(target), draft=str(target), split=Split.disaggregated(1, 1), mode=Mode.async_,
+         policy=TreePolicy(bs=4, w=2, d=1), device="cpu").save(tmp_path / "plan.json")
+    monkeypatch.setattr(sys, "argv", ["swiftspec", "run", "--plan", str(tmp_path / "plan.json"), *args,
+                                      "-o", str(tmp_path / "log")])  # fmt: skip
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert not (tmp_path / "log").exists()

@@ -43,12 +43,12 @@ import torch
 import torch.distributed as dist
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
-from swiftspec.runtime.generate import gc_paused
+from swiftspec.runtime.generate import gc_paused, make_verifier
 from swiftspec.runtime.groups import Groups, Layout, Link, broadcast
 from swiftspec.runtime.runlog import SpanTimer
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC, SyntheticVerifier, resolve_bonus
 from swiftspec.runtime.tree import DraftTree
-from swiftspec.runtime.verify import GreedyVerifier, Verdict
+from swiftspec.runtime.verify import Verdict
 from swiftspec.spec import Mode, Split, TreePolicy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -73,10 +73,12 @@ class Job:
     """Everything every rank needs (pickled to each spawned process).
 
     prompts: token ids per prompt. rank_paths: one rank path per prompt for synthetic acceptance
-    (None: measured acceptance, the target's argmax decides). rank_logprobs: with rank_paths, log q
+    (None: measured acceptance, the target decides: its argmax, or its draw when sampling). rank_logprobs: with rank_paths, log q
     by draft rank of the replayed profile: it shapes the draft tree (`DraftTree.rank_logprobs`).
     weight_format: both models' GEMM weights, "native" or "fp8" (`load_model`; a checkpoint's fp8
-    model is the same at every TP size, `Transformer.set_gemm_weight`).
+    model is the same at every TP size, `Transformer.set_gemm_weight`). temperature: 0 greedy, > 0
+    lossless sampling (`verify.SamplingVerifier`), prompt i's draws seeded by sample_seed + i, so
+    every mode produces the same tokens.
     """
 
     target: str
@@ -93,6 +95,8 @@ class Job:
     timeout_s: float = 120.0
     rank_logprobs: list[float] | None = None
     weight_format: str = "native"
+    temperature: float = 0.0
+    sample_seed: int = 0
     meta: dict = field(default_factory=dict)
 
 
@@ -299,7 +303,8 @@ def _async_target(ctx: Ctx, task: Task, runner: ModelRunner, prompt_index: int, 
     link = Link(g.link, lay.draft_leader) if leader else None
     timer = SpanTimer(ctx.device)
     ms = lambda: (time.perf_counter() - t0) * 1e3  # noqa: E731
-    verifier = SyntheticVerifier(job.rank_paths[prompt_index]) if job.rank_paths else GreedyVerifier()
+    verifier = (SyntheticVerifier(job.rank_paths[prompt_index]) if job.rank_paths
+                else make_verifier(job.temperature, job.sample_seed + prompt_index))  # fmt: skip
     sbuf = torch.zeros(3 + 3 * policy.bs, dtype=torch.long)
     produced, rows, pending_send = 0, [], None
     it = 0
@@ -366,7 +371,8 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
         _reset(target)
         if draft is not None:
             _reset(draft)
-        verifier = SyntheticVerifier(job.rank_paths[pi]) if job.rank_paths and draft is not None else None
+        synth = SyntheticVerifier(job.rank_paths[pi]) if synthetic else None
+        verifier = synth or make_verifier(job.temperature, job.sample_seed + pi)
         ctx.sync()
         dist.barrier(group=g.colo_ctrl)
         res = generate(target, draft, prompt, cfg, verifier=verifier, weights=job.weights)
@@ -379,8 +385,8 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
                    "target_start_ms": t + r.draft_ms, "target_end_ms": t + r.draft_ms + r.verify_ms,
                    "target_gpu_ms": r.verify_ms, "commit_ms": r.commit_ms, "accepted": r.accepted,
                    "sent": r.verified, "tree_size": r.tree_nodes, "forward_tokens": list(r.forward_tokens)}  # fmt: skip
-            if verifier is not None:
-                row["ranks"] = verifier.consumed[i]
+            if synth is not None:
+                row["ranks"] = synth.consumed[i]
             rows.append(row)
             t += r.draft_ms + r.verify_ms + r.commit_ms
     return {"prompts": prompts, "rows": rows} if ctx.rank == ranks[0] else None

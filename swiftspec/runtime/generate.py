@@ -4,7 +4,8 @@ Follow one token:
   `generate` loop (here)  ->  `DraftTree.expand` (tree.py, draft forwards)  ->
   `DraftTree.select` + `verify_inputs` (tree.py)  ->  `ModelRunner.forward_tree` (decoder.py)  ->
   `Transformer.forward` (model.py)  ->  tree attention (attention.py / kernels)  ->
-  `GreedyVerifier.verify` (verify.py)  ->  `ModelRunner.commit` / `reroot_draft` (decoder.py).
+  `GreedyVerifier.verify` or `SamplingVerifier.verify` (verify.py)  ->
+  `ModelRunner.commit` / `reroot_draft` (decoder.py).
 
 Every mode is the same loop: autoregressive is a tree of one node (bs=1) and no draft; chain is a
 tree with w=1; serial grows a tree by max-likelihood (or fills a static topology), then verifies.
@@ -18,6 +19,7 @@ import dataclasses
 import functools
 import gc
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ import torch
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
 from swiftspec.runtime.tree import DraftTree, tree_slots_needed
-from swiftspec.runtime.verify import GreedyVerifier, Verifier
+from swiftspec.runtime.verify import GreedyVerifier, SamplingVerifier, Verifier
 from swiftspec.spec import Mode, TreePolicy, UserError, resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +48,9 @@ class GenerateConfig:
     eos_ids: stop after producing any of these (the stop token is kept in the output).
     rank_logprobs: synthetic acceptance: log q[rank] of the replayed AcceptanceProfile, which
     shapes the draft tree instead of the draft's own log-probabilities (`DraftTree`).
+    temperature: 0 = greedy verification (`GreedyVerifier`); > 0 samples the target at that
+    temperature, losslessly (`SamplingVerifier`, seeded by sample_seed: the same seed gives the
+    same tokens in every mode).
     """
 
     mode: Mode
@@ -54,6 +59,8 @@ class GenerateConfig:
     eos_ids: tuple[int, ...] = ()
     keep_subtree: bool = False
     rank_logprobs: tuple[float, ...] | None = None
+    temperature: float = 0.0
+    sample_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class GenerateResult:
     stop: str  # "eos" | "max_new_tokens"
     records: list[IterationRecord] = field(default_factory=list)
     weight_format: str = "native"  # the target's GEMM weights: "native" (the dtype) | "fp8"
+    temperature: float = 0.0  # 0: greedy; > 0: sampled (SamplingVerifier)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -130,7 +138,7 @@ def generate(
     """Decode `cfg.max_new_tokens` tokens after `prompt_ids` with fresh runners (empty caches)."""
     if not prompt_ids:
         raise UserError("the prompt is empty: give at least one token")
-    verifier = verifier or GreedyVerifier()
+    verifier = verifier or make_verifier(cfg.temperature, cfg.sample_seed)
     policy, speculative = cfg.policy, cfg.mode is not Mode.autoregressive
     if speculative and draft is None:
         raise UserError(f"{cfg.mode} mode needs a draft model (--draft)")
@@ -218,7 +226,15 @@ def generate(
         decode_s=decode_s,
         stop=stop,
         records=records,
+        temperature=cfg.temperature,
     )
+
+
+def make_verifier(temperature: float = 0.0, sample_seed: int = 0) -> Verifier:
+    """Greedy at temperature 0, else lossless sampling at `temperature` (verify.py)."""
+    if not math.isfinite(temperature) or temperature < 0:
+        raise UserError(f"--temperature must be a finite number >= 0 (0: greedy), got {temperature}")
+    return SamplingVerifier(temperature, sample_seed) if temperature > 0 else GreedyVerifier()
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,10 +321,12 @@ def generate_from_checkpoints(
     seed: int = 0,
     weight_format: str = "native",
     tree_growth: str = "auto",
+    temperature: float = 0.0,
+    sample_seed: int = 0,
 ) -> GenerateResult:
     """Load the models, check the inputs, and run `generate` (the library side of the CLI).
     weight_format: both models' GEMM weights ("native" or "fp8", `load_model`); tree_growth: the
-    draft's top-k (`tree.resolve_tree_growth`)."""
+    draft's top-k (`tree.resolve_tree_growth`); temperature, sample_seed: see `GenerateConfig`."""
     from swiftspec.runtime.weights import load_model, load_tokenizer
 
     mode = Mode.parse(mode) if isinstance(mode, str) else mode
@@ -319,6 +337,7 @@ def generate_from_checkpoints(
         raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    make_verifier(temperature)  # refuses a bad temperature before any model loads
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     speculative = mode is not Mode.autoregressive
@@ -388,5 +407,7 @@ def generate_from_checkpoints(
         max_new_tokens=max_new_tokens,
         eos_ids=eos_ids_of(target) if eos else (),
         keep_subtree=keep_subtree,
+        temperature=temperature,
+        sample_seed=sample_seed,
     )
     return generate(target_runner, draft_runner, ids, cfg, tokenizer=tokenizer, weights=weights)

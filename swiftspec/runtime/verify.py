@@ -1,11 +1,18 @@
 """Verification: which drafted tokens the target accepts, and its next (bonus) token.
 
 A `Verifier` looks at the target's logits over the selected subtree (one row per selected node:
-the target's next-token distribution at that node) and returns a `Verdict`. Greedy verification
-is implemented; stochastic verification (SpecInfer / Sequoia: accept a child with probability
-min(1, p/q), else resample from the residual) fits the same protocol — it would additionally read
-the draft's distributions at the selected nodes (kept by the tree when it grows) and own a
-`torch.Generator`.
+the target's next-token distribution at that node) and returns a `Verdict`.
+
+`GreedyVerifier` follows the target's argmax. `SamplingVerifier` samples at a temperature: at each
+node on the walk it draws the target's token there and moves to the child carrying it, if that
+child was verified; the first draw without one is the bonus token. Every produced token is thus a
+draw from the target's own distribution, so the output has the distribution of target-only
+sampling. The draws are by inverse CDF from one uniform per output position, from a seeded stream,
+so with the same seed the output equals target-only sampling (`mode autoregressive`) token for
+token, whatever the tree. The draft's distribution is not needed: the trees here are grown
+deterministically (top-w children), and for a fixed child set the chance to continue,
+p(children), is the most any lossless rule can accept. (SpecInfer's residual resampling is for
+children that were themselves sampled from the draft.)
 """
 
 from __future__ import annotations
@@ -59,3 +66,52 @@ class GreedyVerifier:
                 return Verdict(path=path, bonus=int(argmax[row[node]]))
             node = child
             path.append(node)
+
+
+class SamplingVerifier:
+    """Sample the target at `temperature` (> 0) and walk the tree along the draws (module docstring).
+
+    Stateful: it counts the tokens its verdicts produced, so a node at depth k (root 0) is the
+    output position `produced + k` and takes that position's uniform from the seeded stream. Use
+    one verifier per generation."""
+
+    def __init__(self, temperature: float, seed: int = 0):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 (0 is greedy: GreedyVerifier), got {temperature}")
+        self.temperature = float(temperature)
+        self.produced = 0
+        self._gen = torch.Generator().manual_seed(seed)
+        self._u: list[float] = []
+
+    def uniform(self, position: int) -> float:
+        """The uniform of output position `position` (0 = the first generated token), in [0, 1)."""
+        while len(self._u) <= position:  # drawn in blocks; the stream does not depend on the block size
+            self._u.extend(torch.rand(64, generator=self._gen, dtype=torch.float64).tolist())
+        return self._u[position]
+
+    def verify(self, tree: DraftTree, selected: Sequence[int], target_logits: torch.Tensor) -> Verdict:
+        u = torch.tensor([self.uniform(self.produced + tree.depths[n]) for n in selected], dtype=torch.float64)
+        drawn = sample_by_inverse_cdf(target_logits, u.to(target_logits.device), self.temperature)
+        drawn = drawn.tolist()  # one device sync per verify
+        row = {n: i for i, n in enumerate(selected)}
+        node, path = 0, [0]
+        while True:
+            child = tree.child_with_token(node, drawn[row[node]])
+            if child is None or child not in row:
+                self.produced += len(path)
+                return Verdict(path=path, bonus=int(drawn[row[node]]))
+            node = child
+            path.append(node)
+
+
+def sample_by_inverse_cdf(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Token ids drawn from softmax(logits / temperature), one per row, by inverse CDF.
+
+    logits: (rows, vocab), any float dtype (softmax in float32); u: (rows,) uniforms in [0, 1).
+    Returns (rows,) int64: the first token whose cumulative probability exceeds u. The cumulative
+    sum is float64: over a 128k vocabulary a float32 one drifts by ~1e-5, a bias on rare tokens."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    cdf = probs.double().cumsum(dim=-1)
+    # scale u by the row's total rather than trusting the cumsum to end at exactly 1.0
+    idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return idx.clamp_max(logits.shape[-1] - 1)
