@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                                             autoregressive_tokens_per_s=("autoregressive_tokens_per_s", "median"),
                                             lossless=("lossless", "all"))  # fmt: skip
     print(summary.to_string())
-    meta = {**run_metadata("cpu"), "target": args.target, "draft": args.draft, "weights": "checkpoint (real)",
+    meta = {**run_metadata("cpu"), "target": args.target, "draft": args.draft, "weights": "checkpoint",
             "prompts": how, "max_new_tokens": args.max_new_tokens}  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
