@@ -400,8 +400,13 @@ def profile_comm_cmd(output, sizes, world, device, graphs, timeout_s) -> None:
 @click.option("--draft-weight-format", default=None,
               help="native | fp8 for the draft alone [default: --weight-format]. --draft = --target with "
                    "--draft-weight-format fp8 measures how often the fp8 model's greedy token is the target's.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0: the target's greedy path. > 0: its sampled path (prompt i seeded --sample-seed + i); the "
+                   "profile then plans sampled decoding.")
+@click.option("--sample-seed", type=int, default=0, show_default=True, help="Seed of prompt 0's draws.")
 def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, top_k, policies, accepted_prompts,
-                           output, device, dtype, weight_format, draft_weight_format) -> None:  # fmt: skip
+                           output, device, dtype, weight_format, draft_weight_format, temperature,
+                           sample_seed) -> None:  # fmt: skip
     """Record the rank of the target's token in the draft's distribution along the target's path."""
     from swiftspec.profiler.acceptance import profile_acceptance
 
@@ -409,13 +414,14 @@ def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, 
         target, draft, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
         policies=[p for p in policies.split(",") if p.strip()], accepted_prompts=accepted_prompts, device=device,
         dtype=dtype, progress=sys.stderr.isatty(), weight_format=weight_format,
-        draft_weight_format=draft_weight_format,
+        draft_weight_format=draft_weight_format, temperature=temperature, sample_seed=sample_seed,
     )  # fmt: skip
     out = output or f"{prof.meta['name']}.json"
     prof.save(out)
     m = prof.meta
     click.echo(f"acceptance: measured ({m['target_name']} <- {m['draft_name']}), {m['positions']} positions on "
-               f"{len(prof.traces)} prompts, {m['seconds']} s")
+               f"{len(prof.traces)} prompts, {m['seconds']} s"
+               + (f", sampled at temperature {temperature:g}" if temperature > 0 else ", greedy"))
     click.echo("positional (rank 0..7): " + " ".join(f"{p:.3f}" for p in prof.positional[:8]))
     click.echo("draft_prob_by_rank (0..7): " + " ".join(f"{p:.3f}" for p in prof.draft_prob_by_rank[:8]))
     for key, v in prof.accepted.items():

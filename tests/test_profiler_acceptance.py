@@ -40,6 +40,22 @@ def test_draft_equal_to_target_accepts_everything(make_checkpoint, prompts_file,
     assert again.meta["source"] == "measured" and not again.synthetic and again.accepted == prof.accepted
 
 
+def test_sampled_profile_ranks_the_targets_draws(make_checkpoint, prompts_file):
+    """temperature > 0: the path is the target's sampled continuation, so a self-draft no longer
+    ranks every token 0 (greedy: all 0, above); the speculative runs at the same seeds still equal
+    it token for token, and the profile says it is sampled."""
+    ckpt = make_checkpoint("llama", tokenizer=True)
+    prof = profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), max_new_tokens=12, top_k=256,
+                              policies=["chain/bs3-w1-d2", "serial/bs6-w2-d3"], progress=False, temperature=1.5,
+                              sample_seed=4)  # fmt: skip
+    ranks = [r for t in prof.traces for r in t]
+    assert ranks.count(0) < len(ranks) and -1 not in ranks  # top_k = vocab: every draw has a rank
+    assert all(prof.meta["lossless"].values()) and prof.accepted["chain/bs3-w1-d2"] < 3.0
+    assert prof.meta["temperature"] == 1.5 and prof.meta["sample_seed"] == 4 and prof.meta["name"].endswith("__T1.5")
+    with pytest.raises(UserError, match="--temperature must be a finite number >= 0"):
+        profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), temperature=-1, progress=False)
+
+
 def test_fp8_draft_of_the_target_measures_fp8_fidelity(make_checkpoint, prompts_file):
     """The target against its own fp8 copy (`draft_weight_format="fp8"`): a different model, so not
     every rank is 0, yet mostly 0 (e4m3 keeps the greedy token at most positions of a random

@@ -15,6 +15,11 @@ draft's (k+1)-th largest probability, and `accepted["<mode>/<policy>"]` = the me
 length (tokens per verify, bonus included) that `generate` actually got in serial / chain mode on
 the first few prompts. Those runs also check losslessness: their output must equal the
 autoregressive continuation token for token (recorded in meta `lossless`).
+
+With a temperature (> 0) the target's path is its sampled continuation (prompt i drawn with seed
+sample_seed + i, `verify.SamplingVerifier`) and the ranks are those of its draws. A tree node
+continues exactly when the draw is among its children, so the replay stays exact and the planner
+can plan sampled decoding from such a profile (named `...__T<temperature>`).
 """
 
 from __future__ import annotations
@@ -139,12 +144,15 @@ def profile_acceptance(
     progress: bool = True,
     weight_format: str = "native",
     draft_weight_format: str | None = None,
+    temperature: float = 0.0,
+    sample_seed: int = 0,
 ) -> AcceptanceProfile:
     """Measure the pair on `prompts` (see the module docstring) -> an AcceptanceProfile.
 
     weight_format / draft_weight_format (default: weight_format): the models' GEMM weights,
     "native" or "fp8" (`load_model`). The same checkpoint as target and draft with only the draft
-    in fp8 measures how often the fp8 model's greedy token is the native one's (`top1_agreement`)."""
+    in fp8 measures how often the fp8 model's greedy token is the native one's (`top1_agreement`).
+    temperature, sample_seed: sample the target instead of greedy (module docstring)."""
     from swiftspec.runtime.generate import (
         DTYPES,
         GenerateConfig,
@@ -152,6 +160,7 @@ def profile_acceptance(
         check_device,
         eos_ids_of,
         generate,
+        make_verifier,
     )
     from swiftspec.runtime.weights import WEIGHT_FORMATS, load_model, load_tokenizer
 
@@ -159,6 +168,7 @@ def profile_acceptance(
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {top_k}")
+    make_verifier(temperature)  # refuses a bad temperature before any model loads
     check_device(device, dtype)
     draft_weight_format = draft_weight_format or weight_format
     for flag, fmt in (("--weight-format", weight_format), ("--draft-weight-format", draft_weight_format)):
@@ -191,10 +201,11 @@ def profile_acceptance(
     t0 = time.perf_counter()
     traces: list[PairTrace] = []
     ar = TreePolicy.autoregressive()
-    for pid, ids in encoded:
+    for i, (pid, ids) in enumerate(encoded):
         res = generate(
             _runner(tmodel, cache_slots(len(ids), max_new_tokens, ar, draft=False)), None, ids,
-            GenerateConfig(mode=Mode.autoregressive, policy=ar, max_new_tokens=max_new_tokens, eos_ids=eos),
+            GenerateConfig(mode=Mode.autoregressive, policy=ar, max_new_tokens=max_new_tokens, eos_ids=eos,
+                           temperature=temperature, sample_seed=sample_seed + i),
         )  # fmt: skip
         cont = res.tokens
         probs = draft_distribution_along(dmodel, ids + cont[:-1], start=len(ids) - 1)[:, :vocab_limit]
@@ -209,13 +220,14 @@ def profile_acceptance(
         key = f"{mode.value}/{policy.key}"
         acc = its = 0
         same = True
-        for tr in traces[:accepted_prompts]:
+        for i, tr in enumerate(traces[:accepted_prompts]):
             ids = tr.prompt_ids
             res = generate(
                 _runner(tmodel, cache_slots(len(ids), max_new_tokens, policy, draft=False)),
                 _runner(dmodel, cache_slots(len(ids), max_new_tokens, policy, draft=True), vocab_limit),
                 ids,
-                GenerateConfig(mode=mode, policy=policy, max_new_tokens=max_new_tokens, eos_ids=eos),
+                GenerateConfig(mode=mode, policy=policy, max_new_tokens=max_new_tokens, eos_ids=eos,
+                               temperature=temperature, sample_seed=sample_seed + i),
             )
             acc += sum(r.accepted for r in res.records)
             its += len(res.records)
@@ -234,7 +246,7 @@ def profile_acceptance(
     tname, dname = _named(tfolder.name, weight_format), _named(dfolder.name, draft_weight_format)
     meta.update(
         source="measured",
-        name=f"{tname}__{dname}",
+        name=f"{tname}__{dname}" + (f"__T{temperature:g}" if temperature > 0 else ""),
         target=str(tfolder),
         draft=str(dfolder),
         target_name=tname,
@@ -245,6 +257,8 @@ def profile_acceptance(
         prompts=prompts,
         prompt_ids=[t.prompt_id for t in traces],
         max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        sample_seed=sample_seed if temperature > 0 else None,
         dtype=dtype,
         positions=int(sum(len(t.ranks) for t in traces)),
         top1_agreement=positional[0],
