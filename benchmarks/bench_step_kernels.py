@@ -21,7 +21,9 @@ and, for <= --gemm-gemv-rows tokens (16), the Triton skinny linear (`impl` colum
 "triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
 a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`;
 "+pdllate" in its late mode, where each kernel lets the next launch only after its main loop,
-"+pdlnp" early without the skinny linear's peeled first tile),
+"+pdlnp" early without the skinny linear's peeled first tile; without a suffix PDL is off, although
+the runtime's default on Hopper with native weights is late since 2026-12-06, so "+pdllate" is the
+default step),
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
 combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
 tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where

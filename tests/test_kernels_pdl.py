@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from swiftspec.kernels.pdl import check_pdl, pdl_available
-from swiftspec.runtime.weights import load_model, resolve_pdl
+from swiftspec.runtime.weights import kernel_settings, load_model, resolve_pdl
 from swiftspec.spec import UserError
 
 HAS_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
@@ -24,6 +24,14 @@ def test_pdl_refused_on_cpu(make_checkpoint):
     check_pdl("off", "cpu")
     assert resolve_pdl("cpu") is False and resolve_pdl("cpu", "off") is False and resolve_pdl("cuda", "on") is True
     assert resolve_pdl("cuda", "late") == "late"
+    # auto: late where the Triton kernels run on Hopper (or no GPU is here to ask), off elsewhere
+    hopper_or_none = not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 9
+    assert resolve_pdl("cuda") == ("late" if hopper_or_none else False)
+    assert resolve_pdl("cuda", fusion="off") is False and resolve_pdl("cuda", "off") is False
+    assert resolve_pdl("cuda", weight_format="fp8") is False  # not measured with fp8 weights yet
+    assert kernel_settings("cuda")["pdl"] == ("late" if hopper_or_none else "off")
+    assert kernel_settings("cuda", "fp8")["pdl"] == "off"
+    assert kernel_settings("cpu")["pdl"] == "off"
     with pytest.raises(UserError, match="pdl must be one of auto, on, late, off"):
         resolve_pdl("cpu", "yes")
     model = load_model(make_checkpoint("llama"))

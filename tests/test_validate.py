@@ -143,7 +143,7 @@ def test_profile_measured_with_other_kernels_is_flagged(make_checkpoint, tmp_pat
     names = [target.name, draft.name]
     assert kernel_mismatch({"source": "measured"}, "cpu") == []
     assert kernel_mismatch(kernel_settings("cuda"), "cuda") == []
-    assert kernel_mismatch({"attention_combine": "kernel", "pdl": "off"}, "cuda") == [
+    assert kernel_mismatch({"attention_combine": "kernel", "pdl": "late"}, "cuda") == [
         "attention_combine: profile kernel, runtime separate"]
     prof = _profile(names, tmp_path / "prof", attention="triton", attention_combine="kernel", linear="torch")
     said = []

@@ -207,13 +207,25 @@ ROPE_CHOICES = ("auto", "on", "off")
 WEIGHT_FORMATS = ("native", "fp8")
 
 
-def resolve_pdl(device: str | torch.device, pdl: str = "auto") -> bool | str:
+def resolve_pdl(device: str | torch.device, pdl: str = "auto", fusion: str = "triton",
+                weight_format: str = "native") -> bool | str:
     """How the model's Triton kernels use programmatic dependent launch (`Transformer.set_pdl`):
     "on" (True: early, each kernel lets the next launch right after its own wait), "late" (after
-    its main loop), "off" (False), or "auto" = off until the step is measured faster with it
-    (bench_step_kernels.py, suffixes "+pdl" and "+pdllate")."""
+    its main loop), "off" (False), or "auto" = "late" where the Triton kernels run (CUDA, fusion
+    "triton") with native weights on a GPU of compute capability >= 9.0 (or where no GPU is present
+    to ask: the bundled profiles' H200), else off. Measured on the H200 (benchmarks/KERNELS.md,
+    "Seventeenth session", paired on six shards): late 1.6-4.3 % faster at 1-16 tokens on every
+    shard, within 0.6 % at 64; early 2.2-5.2 % faster on the 70B TP 4/8 shards but 0.8-8.3 % slower
+    at TP 1. fp8 weights stay off until late is measured with them and `h200-fp8` re-profiled."""
     if pdl not in PDL_CHOICES:
         raise UserError(f"pdl must be one of {', '.join(PDL_CHOICES)}, got {pdl!r}")
+    if pdl == "auto":
+        device = torch.device(device)
+        if device.type != "cuda" or fusion != "triton" or weight_format != "native":
+            return False
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] < 9:
+            return False
+        return "late"
     return {"on": True, "late": "late"}.get(pdl, False)
 
 
@@ -282,9 +294,10 @@ def kernel_settings(device: str | torch.device, weight_format: str = "native") -
     fold = resolve_fold_norm(device, linear=linear, fusion=fusion, weight_format=weight_format)
     swiglu = resolve_swiglu(device, linear=linear, fusion=fusion, weight_format=weight_format)
     rope = resolve_rope(device, linear=linear, fusion=fusion, weight_format=weight_format)
+    pdl = resolve_pdl(device, fusion=fusion, weight_format=weight_format)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
             "fold_norm": "tp1" if fold else "off", "fusion": fusion, "linear": linear,
-            "pdl": {True: "on", "late": "late"}.get(resolve_pdl(device), "off"), "rope": "on" if rope else "off",
+            "pdl": {True: "on", "late": "late"}.get(pdl, "off"), "rope": "on" if rope else "off",
             "swiglu": "on" if swiglu else "off",
             "tree_growth": resolve_tree_growth(device), "weight_format": weight_format}
 
@@ -373,7 +386,7 @@ def load_model(
     )
     model.set_fusion(fusion)
     model.set_linear(linear, swiglu=act, rope=rot)
-    model.set_pdl(resolve_pdl(device, pdl))
+    model.set_pdl(resolve_pdl(device, pdl, fusion, weight_format))
     _fill(model, read, names)
     if fold:  # the norm weights fold into the GEMM weights, so after those are read
         model.set_linear(linear, fold_norm=True, swiglu=act, rope=rot)
