@@ -62,3 +62,25 @@ def test_plan_run_round_trip_with_synthetic_acceptance(make_checkpoint, tmp_path
             assert [len(r) for r in rows["ranks"]] == want
     gen = log.prompts.groupby("mode")["generated"].min()
     assert (gen == MAX_NEW).all()
+
+
+def test_run_with_temperature_through_the_cli(make_checkpoint, tmp_path):
+    """`swiftspec run --temperature` with checkpoint weights: the report says it sampled, and every
+    mode (async, serial, autoregressive) produced the same tokens per prompt, seeded alike."""
+    target = make_checkpoint("llama", num_hidden_layers=2, seed=5)
+    draft = make_checkpoint("llama", num_hidden_layers=1, seed=6)
+    Plan(target=str(target), draft=str(draft), split=Split.disaggregated(1, 1), mode=Mode.async_,
+         policy=TreePolicy(bs=6, w=2, d=2), device="cpu").save(tmp_path / "plan.json")
+    out = tmp_path / "log"
+    proc = subprocess.run(
+        [sys.executable, "-m", "swiftspec", "run", "--plan", str(tmp_path / "plan.json"), "--num-prompts", "2",
+         "--max-new-tokens", "10", "--temperature", "0.9", "--sample-seed", "7", "--timeout", "60", "-o", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "sampling: temperature 0.9, seed 7 + prompt index" in proc.stdout
+    prompts = pd.read_json(out / "prompts.jsonl", lines=True)
+    assert set(prompts["mode"]) == {"async", "serial", "autoregressive"}
+    for _, g in prompts.groupby("prompt"):
+        assert len({tuple(t) for t in g["tokens"]}) == 1, g[["mode", "tokens"]]
+    assert RunLog.load(out).meta["temperature"] == 0.9

@@ -478,7 +478,8 @@ def format_report(log) -> str:
         lines.append("predicted: re-simulated for this run's workload (its prompts, length and rank paths)")
     if m.get("temperature", 0) > 0:
         lines.append(f"sampling: temperature {m['temperature']:g}, seed {m['sample_seed']} + prompt index (the "
-                     "predictions assume the plan's acceptance profile, a greedy one)")
+                     "predictions use the plan's acceptance profile: plan on one measured at this temperature, "
+                     "`profile acceptance --temperature`)")
     if m.get("shared_devices"):
         lines.append("note: ranks share a GPU (gloo link, no NCCL): correctness and host-side timing only")
     s = log.summary()
