@@ -26,7 +26,7 @@ import pandas as pd
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.runtime.generate import generate_from_checkpoints, make_policy
 from swiftspec.runtime.launch import load_prompts
-from swiftspec.spec import Mode, UserError
+from swiftspec.spec import Mode, ModelSpec, UserError
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REAL = Path.home() / ".cache" / "swiftspec" / "real"
@@ -53,12 +53,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"error: {p} not found: run `python -m swiftspec.profiler.real_models` first", file=sys.stderr)
             sys.exit(2)
 
-    from swiftspec.spec import ModelSpec
-
-    ids, how = load_prompts("builtin", args.target, ModelSpec.from_config(args.target).vocab, args.prompts)
-    policy = make_policy(Mode.serial, args.bs, args.w, args.d)
     rows = []
     try:
+        ids, how = load_prompts("builtin", args.target, ModelSpec.from_config(args.target).vocab, args.prompts)
+        policy = make_policy(Mode.serial, args.bs, args.w, args.d)
         for t in temps:
             for i, prompt in enumerate(ids):
                 common = dict(prompt_ids=prompt, max_new_tokens=args.max_new_tokens, eos=False, temperature=t,

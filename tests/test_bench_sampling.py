@@ -36,4 +36,8 @@ def test_missing_checkpoint_exit_2(tmp_path):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "real_models" in proc.stderr
+    (tmp_path / "empty").mkdir()  # a folder, but not a checkpoint
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--target", str(tmp_path / "empty"), "--draft",
+                           str(tmp_path / "empty"), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "config.json" in proc.stderr
     assert not out.exists()

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from swiftspec.runtime.engine import Ctx, Job, run_worker
+from swiftspec.runtime.generate import make_verifier
 from swiftspec.runtime.groups import Layout, make_groups
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
@@ -408,8 +409,6 @@ def run_plan(
         raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
     if max_new_tokens < 1 or num_prompts < 1 or timeout_s <= 0:
         raise UserError("--max-new-tokens, --num-prompts and --timeout must be positive")
-    from swiftspec.runtime.generate import make_verifier
-
     make_verifier(temperature)  # a bad temperature: one line, before anything starts
     if temperature > 0 and (weights == "random" or acceptance is not None):
         raise UserError("--temperature needs measured acceptance (--weights checkpoint, no --acceptance): "
