@@ -11,7 +11,8 @@ Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: t
 bench_gemv-2026-12-02a, measured it at 3.7-32x cuBLAS's time at 4-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
 `fma_bn{N}_w{warps}`; kind "dot" (`tl.dot`, rows padded to 16) at BLOCK_N 64/128 x BLOCK_K
 64/128/256 (`--block-k`) x num_stages 3/5 (`--stages`), named `dot_bn{N}_bk{K}_s{stages}` (`--warps
-4,8`: also over num_warps, `..._w{warps}`). `--quick`: one config of each; `--layers qkv,o`: only those.
+4,8`: also over num_warps, `..._w{warps}`; `--split-k 1,2,4`: also over split_k, `..._k{split}`;
+`--block-n 128`: only those BLOCK_N). `--quick`: one config of each; `--layers qkv,o`: only those.
 Every variant is checked against float32 `F.linear` (relative error column). `--fp8`: the same
 weights quantized (`quantize_fp8`) through the dot kernel, `fp8_default` (gemv's own config),
 `fp8_default_x16` (the same with x converted to float16 once, `gemv(x_f16=True)`) and
@@ -87,6 +88,9 @@ def main() -> None:
                     help="the tile sweep also over these num_warps (e.g. 4,8; names gain _w{N}); default: gemv's own")
     ap.add_argument("--stages", default="3,5", help="num_stages of the tile sweep (default 3,5)")
     ap.add_argument("--block-k", default="64,128,256", help="BLOCK_K of the tile sweep (default 64,128,256)")
+    ap.add_argument("--split-k", default="",
+                    help="the tile sweep also over these split_k (e.g. 1,2,4; names gain _k{N}); default: gemv's own")
+    ap.add_argument("--block-n", default="64,128", help="BLOCK_N of the tile sweep (default 64,128)")
     ap.add_argument("--layers", default="", help="only these layers of the shape sets (e.g. qkv,o,gate_up,down)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
@@ -101,8 +105,10 @@ def main() -> None:
         warps = [int(v) for v in args.warps.split(",") if v] or [None]
         stages = [int(v) for v in args.stages.split(",") if v]
         block_ks = [int(v) for v in args.block_k.split(",") if v]
+        block_ns = [int(v) for v in args.block_n.split(",") if v]
+        splits = [int(v) for v in args.split_k.split(",") if v] or [None]
     except ValueError:
-        ap.error("--warps, --stages and --block-k take comma-separated integers, e.g. --stages 3,5")
+        ap.error("--warps, --stages, --block-k, --block-n and --split-k take comma-separated integers, e.g. --stages 3,5")
     picked = {(f"{k}@{s}" if "," in args.shapes else k): v for s in args.shapes.split(",")
               for k, v in SHAPE_SETS[s].items() if not layers or k in layers}
     if not picked:
@@ -142,11 +148,11 @@ def main() -> None:
                     (b, n) for b in (2, 4, 8) for n in (1, 2, 4)]:
                 if m == 1:
                     variants[f"fma_bn{bn}_w{nw}"] = lambda w, bn=bn, nw=nw, x=x: gemv(x, w, block_n=bn, num_warps=nw, kind="fma")
-            for bn, bk, ns, nw in [] if not sweep else [(64, 128, 3, None)] if args.quick else [
-                    (b, k, s, n) for b in (64, 128) for k in block_ks for s in stages for n in warps]:
-                variants[f"dot_bn{bn}_bk{bk}_s{ns}" + (f"_w{nw}" if nw else "")] = (
-                    lambda w, bn=bn, bk=bk, ns=ns, nw=nw, x=x: gemv(x, w, block_n=bn, block_k=bk, num_stages=ns,
-                                                                 num_warps=nw, kind="dot"))
+            for bn, bk, ns, nw, sk in [] if not sweep else [(64, 128, 3, None, None)] if args.quick else [
+                    (b, k, s, n, q) for b in block_ns for k in block_ks for s in stages for n in warps for q in splits]:
+                variants[f"dot_bn{bn}_bk{bk}_s{ns}" + (f"_w{nw}" if nw else "") + (f"_k{sk}" if sk else "")] = (
+                    lambda w, bn=bn, bk=bk, ns=ns, nw=nw, sk=sk, x=x: gemv(
+                        x, w, block_n=bn, block_k=bk, num_stages=ns, num_warps=nw, split_k=sk, kind="dot"))
             # fp8 weights (`--fp8`): the same random weights quantized per row, against their own
             # floor (one byte per weight) and their own reference (the dequantized weights)
             w8s = [quantize_fp8(w) for w in ws] if args.fp8 else []

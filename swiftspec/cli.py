@@ -260,10 +260,15 @@ def _int_list(text: str | None, flag: str) -> list[int] | None:
                    "token is the target's own draw, so the output equals autoregressive sampling with the "
                    "same --sample-seed).")
 @click.option("--sample-seed", type=int, default=0, show_default=True, help="Seed of the sampling draws.")
+@click.option("--sample-top-k", type=int, default=0, show_default=True,
+              help="With --temperature: sample only among the k most likely tokens (0: off). Still lossless.")
+@click.option("--sample-top-p", type=float, default=1.0, show_default=True,
+              help="With --temperature: sample only from the smallest set of most likely tokens whose "
+                   "probability reaches p (nucleus; 1: off). Still lossless.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_ids, max_new_tokens, device,
              dtype, weights, eos, max_len, seed, weight_format, tree_growth, temperature, sample_seed,
-             as_json) -> None:  # fmt: skip
+             sample_top_k, sample_top_p, as_json) -> None:  # fmt: skip
     """Decode one prompt on one process: autoregressive, chain or serial (tree) speculation."""
     import json
 
@@ -276,12 +281,15 @@ def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_
         target, draft if m is not Mode.autoregressive else None, mode=m, policy=policy, prompt=prompt,
         prompt_ids=_int_list(prompt_ids, "--prompt-ids"), max_new_tokens=max_new_tokens, device=device,
         dtype=dtype, weights=weights, eos=eos, max_len=max_len, seed=seed, weight_format=weight_format,
-        tree_growth=tree_growth, temperature=temperature, sample_seed=sample_seed,
+        tree_growth=tree_growth, temperature=temperature, sample_seed=sample_seed, sample_top_k=sample_top_k,
+        sample_top_p=sample_top_p,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(to_jsonable(res.to_dict())))
         return
-    sampling = f"  temperature: {res.temperature:g} (seed {sample_seed})" if res.temperature > 0 else ""
+    cut = ((f", top-k {res.sample_top_k}" if res.sample_top_k else "")
+           + (f", top-p {res.sample_top_p:g}" if res.sample_top_p < 1 else ""))
+    sampling = f"  temperature: {res.temperature:g}{cut} (seed {sample_seed})" if res.temperature > 0 else ""
     click.echo(f"mode: {res.mode}  policy: {res.policy}  device: {device}  dtype: {dtype}{sampling}")
     click.echo(f"weights: {res.weights}" + (f" ({res.weight_format})" if res.weight_format != "native" else ""))
     click.echo(f"tokens: {' '.join(map(str, res.tokens))}")
@@ -404,9 +412,13 @@ def profile_comm_cmd(output, sizes, world, device, graphs, timeout_s) -> None:
               help="0: the target's greedy path. > 0: its sampled path (prompt i seeded --sample-seed + i); the "
                    "profile then plans sampled decoding.")
 @click.option("--sample-seed", type=int, default=0, show_default=True, help="Seed of prompt 0's draws.")
+@click.option("--sample-top-k", type=int, default=0, show_default=True,
+              help="With --temperature: the target samples only among its k most likely tokens (0: off).")
+@click.option("--sample-top-p", type=float, default=1.0, show_default=True,
+              help="With --temperature: the target samples only from its nucleus of probability p (1: off).")
 def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, top_k, policies, accepted_prompts,
                            output, device, dtype, weight_format, draft_weight_format, temperature,
-                           sample_seed) -> None:  # fmt: skip
+                           sample_seed, sample_top_k, sample_top_p) -> None:  # fmt: skip
     """Record the rank of the target's token in the draft's distribution along the target's path."""
     from swiftspec.profiler.acceptance import profile_acceptance
 
@@ -415,13 +427,15 @@ def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, 
         policies=[p for p in policies.split(",") if p.strip()], accepted_prompts=accepted_prompts, device=device,
         dtype=dtype, progress=sys.stderr.isatty(), weight_format=weight_format,
         draft_weight_format=draft_weight_format, temperature=temperature, sample_seed=sample_seed,
+        sample_top_k=sample_top_k, sample_top_p=sample_top_p,
     )  # fmt: skip
     out = output or f"{prof.meta['name']}.json"
     prof.save(out)
     m = prof.meta
     click.echo(f"acceptance: measured ({m['target_name']} <- {m['draft_name']}), {m['positions']} positions on "
                f"{len(prof.traces)} prompts, {m['seconds']} s"
-               + (f", sampled at temperature {temperature:g}" if temperature > 0 else ", greedy"))
+               + (f", sampled at temperature {temperature:g}" if temperature > 0 else ", greedy")
+               + (f", top-k {sample_top_k}" if sample_top_k else "") + (f", top-p {sample_top_p:g}" if sample_top_p < 1 else ""))
     click.echo("positional (rank 0..7): " + " ".join(f"{p:.3f}" for p in prof.positional[:8]))
     click.echo("draft_prob_by_rank (0..7): " + " ".join(f"{p:.3f}" for p in prof.draft_prob_by_rank[:8]))
     for key, v in prof.accepted.items():
@@ -471,8 +485,12 @@ def profile_check_cmd(folder, as_json) -> None:
               help="0: greedy. > 0: sample the target, losslessly (needs --weights checkpoint); every mode then "
                    "produces the same tokens for the same --sample-seed")
 @click.option("--sample-seed", default=0, show_default=True, type=int, help="seed of prompt 0's draws (prompt i: + i)")
+@click.option("--sample-top-k", default=0, show_default=True, type=int,
+              help="with --temperature: sample only among the k most likely tokens (0: off)")
+@click.option("--sample-top-p", default=1.0, show_default=True, type=float,
+              help="with --temperature: sample only from the nucleus of probability p (1: off)")
 def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, out_dir,
-            timeout_s, seed, temperature, sample_seed) -> None:
+            timeout_s, seed, temperature, sample_seed, sample_top_k, sample_top_p) -> None:
     """Run a plan with the asynchronous runtime, plus baselines in the same launch; measured vs predicted."""
     from swiftspec.runtime.launch import RunFailed, format_report, run_plan
 
@@ -480,7 +498,8 @@ def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weig
         log = run_plan(plan_path, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                        device=device, dtype=dtype, weights=weights, acceptance=acceptance,
                        modes=[m.strip() for m in modes.split(",") if m.strip()] if modes else None,
-                       timeout_s=timeout_s, seed=seed, temperature=temperature, sample_seed=sample_seed)
+                       timeout_s=timeout_s, seed=seed, temperature=temperature, sample_seed=sample_seed,
+                       sample_top_k=sample_top_k, sample_top_p=sample_top_p)
     except RunFailed as e:
         click.echo(f"error: run failed: {e}", err=True)
         sys.exit(1)

@@ -117,17 +117,19 @@ def test_async_fp8_models_equal_fp8_greedy_at_any_tp(pair):
 
 
 def test_async_sampling_equals_target_only_sampling(pair):
-    """Sampling (`Job.temperature`): with 1 draft rank + 2 target ranks, async, serial and the
-    autoregressive baseline all give single-process target-only sampling's tokens, prompt i drawn
-    with seed sample_seed + i; and those differ from greedy (the draws ran)."""
+    """Sampling (`Job.temperature`, truncated by `Job.sample_top_k` / `sample_top_p`): with 1 draft rank + 2
+    target ranks, async, serial and the autoregressive baseline all give single-process target-only
+    sampling's tokens, prompt i drawn with seed sample_seed + i; and those differ from greedy (the
+    draws ran). Untruncated sampling through `run` is checked in test_async_synthetic.py."""
     target, draft = pair
     tasks = [Task(Mode.async_, TreePolicy(bs=6, w=2, d=2)), Task(Mode.serial, TreePolicy(bs=6, w=2, d=2)),
              Task(Mode.autoregressive, TreePolicy.autoregressive())]
     job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(1, 2), tasks=tasks,
-              prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60, temperature=0.9, sample_seed=5)
+              prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60, temperature=0.9, sample_seed=5, sample_top_k=20,
+              sample_top_p=0.9)
     results = launch(job)
     sampled = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
-                                         eos=False, temperature=0.9, sample_seed=5 + i).tokens
+                                         eos=False, temperature=0.9, sample_seed=5 + i, sample_top_k=20, sample_top_p=0.9).tokens
                for i, p in enumerate(PROMPTS)]  # fmt: skip
     _check(results, sampled)
     assert max(r["accepted"] for r in results[0]["rows"]) > 1

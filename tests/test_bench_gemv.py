@@ -12,6 +12,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gemv.py"
 
 
 @pytest.mark.parametrize("args,message", [(["--stages", "3,x"], "take comma-separated integers"),
+                                          (["--split-k", "1,two"], "take comma-separated integers"),
+                                          (["--block-n", "64;128"], "take comma-separated integers"),
                                           (["--layers", "nope"], "no layer named 'nope'"),
                                           (["--shapes", "9b"], "unknown shape set '9b'")])
 def test_bad_arguments_exit_2(tmp_path, args, message):

@@ -45,12 +45,13 @@ def one_thread():
 
 
 def decode(target, draft, prompt, mode=Mode.autoregressive, policy=None, n=NEW, keep=True, eos=(),
-           temperature=0.0, sample_seed=0) -> GenerateResult:  # fmt: skip
+           temperature=0.0, sample_seed=0, sample_top_k=0, sample_top_p=1.0) -> GenerateResult:  # fmt: skip
     """Fresh runners (empty caches) sized as `generate_from_checkpoints` sizes them."""
     policy = policy or TreePolicy.autoregressive()
     t = ModelRunner(target, cache_slots(len(prompt), n, policy, draft=False))
     d = ModelRunner(draft, cache_slots(len(prompt), n, policy, draft=True)) if draft is not None else None
-    cfg = GenerateConfig(mode, policy, n, tuple(eos), keep, temperature=temperature, sample_seed=sample_seed)
+    cfg = GenerateConfig(mode, policy, n, tuple(eos), keep, temperature=temperature, sample_seed=sample_seed,
+                         sample_top_k=sample_top_k, sample_top_p=sample_top_p)  # fmt: skip
     return generate(t, d, prompt, cfg)
 
 
@@ -182,6 +183,62 @@ def test_sampling_is_lossless(pair, arch: str, name: str) -> None:
     assert differs > 0  # the draws are not the greedy tokens: sampling ran
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("sample_top_k,sample_top_p", [(3, 1.0), (0, 0.6), (5, 0.8)])
+def test_truncated_sampling_is_lossless(pair, arch: str, sample_top_k: int, sample_top_p: float) -> None:
+    """top-k / top-p sampling: speculation equals target-only sampling with the same cut and seed,
+    and every draw lies inside the cut (it differs from untruncated sampling somewhere)."""
+    target, small, noisy = pair(arch)
+    differs = 0
+    for i, prompt in enumerate(prompts(zlib.crc32(f"cut/{arch}/{sample_top_k}/{sample_top_p}".encode()), k=2)):
+        ref = decode(target, None, prompt, temperature=1.5, sample_seed=i, sample_top_k=sample_top_k,
+                     sample_top_p=sample_top_p)  # fmt: skip
+        assert (ref.sample_top_k, ref.sample_top_p) == (sample_top_k, sample_top_p)
+        differs += ref.tokens != decode(target, None, prompt, temperature=1.5, sample_seed=i).tokens
+        for draft, (mode, policy, keep) in ((small, POLICIES["bs8-w2-d3"]), (noisy, POLICIES["chain3"]),
+                                            (target, POLICIES["static7"])):  # fmt: skip
+            res = decode(target, draft, prompt, mode, policy, keep=keep, temperature=1.5, sample_seed=i,
+                         sample_top_k=sample_top_k, sample_top_p=sample_top_p)  # fmt: skip
+            assert res.tokens == ref.tokens, f"prompt {i}, {mode}: truncated sampled speculation differs"
+    assert differs > 0  # the cut changed some draw: truncation ran
+
+
+def test_truncated_probs_against_reference() -> None:
+    """`truncated_probs` against a float64 sort-based reference: top-k keeps exactly the k best
+    (ties included), top-p the smallest most-probable prefix reaching p, renormalised; the sampler
+    never draws a token outside the cut and its frequencies match within 4 sigma."""
+    from swiftspec.runtime.verify import sample_by_inverse_cdf, truncated_probs
+
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(4, 60, generator=g) * 2
+    logits[2, 10] = logits[2, 11] = logits[2].max() + 1  # a tie at the top
+    for sample_top_k, sample_top_p in ((5, 1.0), (0, 0.7), (8, 0.5), (1, 1.0), (0, 1e-9), (60, 1.0)):
+        got = truncated_probs(logits, 0.9, sample_top_k, sample_top_p).double()
+        p = torch.softmax(logits.double() / 0.9, dim=-1)
+        for r in range(4):
+            keep = torch.ones(60, dtype=torch.bool)
+            if sample_top_k:
+                keep &= logits[r] >= logits[r].sort(descending=True).values[sample_top_k - 1]
+            q = torch.where(keep, p[r], 0.0)
+            q = q / q.sum()
+            order = q.argsort(descending=True)
+            mass, nucleus = 0.0, torch.zeros(60, dtype=torch.bool)
+            for j in order.tolist():
+                if q[j] == 0 or mass >= sample_top_p:
+                    break
+                nucleus[j], mass = True, mass + float(q[j])
+            want = torch.where(nucleus, q, 0.0)
+            want = want / want.sum()
+            assert ((got[r] > 0) == nucleus).all(), (sample_top_k, sample_top_p, r)
+            assert torch.allclose(got[r], want, atol=1e-6), (sample_top_k, sample_top_p, r)
+    u = torch.rand(20000, generator=g, dtype=torch.float64)
+    drawn = sample_by_inverse_cdf(logits[0].expand(20000, -1), u, 0.9, 8, 0.5)
+    q = truncated_probs(logits[:1], 0.9, 8, 0.5)[0].double()
+    assert (q[drawn] > 0).all()
+    freq = torch.bincount(drawn, minlength=60).double() / 20000
+    assert ((freq - q).abs() <= 4 * (q * (1 - q) / 20000).sqrt() + 1e-4).all()
+
+
 def test_sampling_seeds_differ(pair) -> None:
     target, _, noisy = pair("llama")
     prompt = prompts(12, k=1)[0]
@@ -268,6 +325,17 @@ def test_cli_sampling(make_checkpoint, monkeypatch, capsys) -> None:
     assert res["temperature"] == ref["temperature"] == 0.8 and res["tokens"] == ref["tokens"]
     code, out, err = cli(["generate", *common], monkeypatch, capsys)
     assert code == 0 and "temperature: 0.8 (seed 3)" in out.splitlines()[0]
+    cut = ["--sample-top-k", 4, "--sample-top-p", 0.9]
+    code, out, err = cli(["generate", *common, *cut, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    ref = json.loads(out)
+    code, out, err = cli(["generate", *common, *cut, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2,
+                          "--d", 2, "--json"], monkeypatch, capsys)  # fmt: skip
+    res = json.loads(out)
+    assert code == 0 and (res["sample_top_k"], res["sample_top_p"]) == (4, 0.9)
+    assert res["tokens"] == ref["tokens"]
+    code, out, err = cli(["generate", *common, *cut], monkeypatch, capsys)
+    assert code == 0 and "temperature: 0.8, top-k 4, top-p 0.9 (seed 3)" in out.splitlines()[0]
 
 
 def test_cli_fp8_is_labelled_and_lossless(make_checkpoint, monkeypatch, capsys) -> None:
@@ -303,6 +371,12 @@ BAD = {
                     "--tree-growth must be one of"),  # fmt: skip
     "temperature": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--temperature", "-0.5"],
                     "--temperature must be a finite number >= 0"),  # fmt: skip
+    "top-k": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--temperature", "1",
+                          "--sample-top-k", "-2"], "--sample-top-k must be an integer >= 0"),  # fmt: skip
+    "top-p": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--temperature", "1",
+                          "--sample-top-p", "1.5"], "--sample-top-p must be in (0, 1]"),  # fmt: skip
+    "top-p-greedy": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--sample-top-p", "0.9"],
+                     "give --temperature > 0 too"),  # fmt: skip
 }
 
 

@@ -81,6 +81,7 @@ def test_plan_weight_format_follows_the_plans_profile(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["--temperature", "0.7", "--weights", "random"], "--temperature needs measured acceptance"),
+    (["--temperature", "0.7", "--sample-top-p", "0"], "--sample-top-p must be in (0, 1]"),
 ])  # fmt: skip
 def test_run_refuses_bad_sampling_before_starting(make_checkpoint, tmp_path, monkeypatch, capsys, args, needle):
     """`swiftspec run --temperature`: a bad value, or sampling with synthetic acceptance (whose rank

@@ -56,6 +56,23 @@ def test_sampled_profile_ranks_the_targets_draws(make_checkpoint, prompts_file):
         profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), temperature=-1, progress=False)
 
 
+def test_truncated_sampled_profile_stays_inside_the_cut(make_checkpoint, prompts_file):
+    """sample_top_k 3: the target draws only among its 3 most likely tokens, so against a self-draft
+    (the same distribution) every rank is 0, 1 or 2, some are not 0; speculation at the same cut
+    stays lossless; the name and meta record the cut."""
+    ckpt = make_checkpoint("llama", tokenizer=True)
+    prof = profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), max_new_tokens=12, top_k=256,
+                              policies=["serial/bs6-w2-d3"], progress=False, temperature=2.0, sample_seed=1,
+                              sample_top_k=3, sample_top_p=0.95)  # fmt: skip
+    ranks = [r for t in prof.traces for r in t]
+    assert set(ranks) <= {0, 1, 2} and set(ranks) != {0}, ranks
+    assert all(prof.meta["lossless"].values())
+    assert prof.meta["name"].endswith("__T2k3p0.95")
+    assert (prof.meta["sample_top_k"], prof.meta["sample_top_p"]) == (3, 0.95)
+    with pytest.raises(UserError, match="--sample-top-p must be in"):
+        profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), temperature=1, sample_top_p=0, progress=False)
+
+
 def test_fp8_draft_of_the_target_measures_fp8_fidelity(make_checkpoint, prompts_file):
     """The target against its own fp8 copy (`draft_weight_format="fp8"`): a different model, so not
     every rank is 0, yet mostly 0 (e4m3 keeps the greedy token at most positions of a random

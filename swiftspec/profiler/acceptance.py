@@ -19,7 +19,8 @@ autoregressive continuation token for token (recorded in meta `lossless`).
 With a temperature (> 0) the target's path is its sampled continuation (prompt i drawn with seed
 sample_seed + i, `verify.SamplingVerifier`) and the ranks are those of its draws. A tree node
 continues exactly when the draw is among its children, so the replay stays exact and the planner
-can plan sampled decoding from such a profile (named `...__T<temperature>`).
+can plan sampled decoding from such a profile (named `...__T<temperature>`, plus `k<K>` / `p<P>` when
+the target's draws are truncated to its top K tokens / its nucleus of mass P).
 """
 
 from __future__ import annotations
@@ -146,13 +147,16 @@ def profile_acceptance(
     draft_weight_format: str | None = None,
     temperature: float = 0.0,
     sample_seed: int = 0,
+    sample_top_k: int = 0,
+    sample_top_p: float = 1.0,
 ) -> AcceptanceProfile:
     """Measure the pair on `prompts` (see the module docstring) -> an AcceptanceProfile.
 
     weight_format / draft_weight_format (default: weight_format): the models' GEMM weights,
     "native" or "fp8" (`load_model`). The same checkpoint as target and draft with only the draft
     in fp8 measures how often the fp8 model's greedy token is the native one's (`top1_agreement`).
-    temperature, sample_seed: sample the target instead of greedy (module docstring)."""
+    temperature, sample_seed: sample the target instead of greedy (module docstring), truncated to
+    the top sample_top_k tokens (0: off) and the nucleus of mass sample_top_p (1: off)."""
     from swiftspec.runtime.generate import (
         DTYPES,
         GenerateConfig,
@@ -168,7 +172,7 @@ def profile_acceptance(
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {top_k}")
-    make_verifier(temperature)  # refuses a bad temperature before any model loads
+    make_verifier(temperature, 0, sample_top_k, sample_top_p)  # bad sampling settings: refused before loading
     check_device(device, dtype)
     draft_weight_format = draft_weight_format or weight_format
     for flag, fmt in (("--weight-format", weight_format), ("--draft-weight-format", draft_weight_format)):
@@ -205,7 +209,8 @@ def profile_acceptance(
         res = generate(
             _runner(tmodel, cache_slots(len(ids), max_new_tokens, ar, draft=False)), None, ids,
             GenerateConfig(mode=Mode.autoregressive, policy=ar, max_new_tokens=max_new_tokens, eos_ids=eos,
-                           temperature=temperature, sample_seed=sample_seed + i),
+                           temperature=temperature, sample_seed=sample_seed + i, sample_top_k=sample_top_k,
+                           sample_top_p=sample_top_p),
         )  # fmt: skip
         cont = res.tokens
         probs = draft_distribution_along(dmodel, ids + cont[:-1], start=len(ids) - 1)[:, :vocab_limit]
@@ -227,7 +232,8 @@ def profile_acceptance(
                 _runner(dmodel, cache_slots(len(ids), max_new_tokens, policy, draft=True), vocab_limit),
                 ids,
                 GenerateConfig(mode=mode, policy=policy, max_new_tokens=max_new_tokens, eos_ids=eos,
-                               temperature=temperature, sample_seed=sample_seed + i),
+                               temperature=temperature, sample_seed=sample_seed + i, sample_top_k=sample_top_k,
+                               sample_top_p=sample_top_p),
             )
             acc += sum(r.accepted for r in res.records)
             its += len(res.records)
@@ -246,7 +252,8 @@ def profile_acceptance(
     tname, dname = _named(tfolder.name, weight_format), _named(dfolder.name, draft_weight_format)
     meta.update(
         source="measured",
-        name=f"{tname}__{dname}" + (f"__T{temperature:g}" if temperature > 0 else ""),
+        name=f"{tname}__{dname}" + (f"__T{temperature:g}" if temperature > 0 else "")
+        + (f"k{sample_top_k}" if sample_top_k else "") + (f"p{sample_top_p:g}" if sample_top_p < 1 else ""),
         target=str(tfolder),
         draft=str(dfolder),
         target_name=tname,
@@ -259,6 +266,8 @@ def profile_acceptance(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         sample_seed=sample_seed if temperature > 0 else None,
+        sample_top_k=sample_top_k,
+        sample_top_p=sample_top_p,
         dtype=dtype,
         positions=int(sum(len(t.ranks) for t in traces)),
         top1_agreement=positional[0],

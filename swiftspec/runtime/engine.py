@@ -78,7 +78,8 @@ class Job:
     weight_format: both models' GEMM weights, "native" or "fp8" (`load_model`; a checkpoint's fp8
     model is the same at every TP size, `Transformer.set_gemm_weight`). temperature: 0 greedy, > 0
     lossless sampling (`verify.SamplingVerifier`), prompt i's draws seeded by sample_seed + i, so
-    every mode produces the same tokens.
+    every mode produces the same tokens; sample_top_k (0: off) / sample_top_p (1: off) truncate what
+    is sampled.
     """
 
     target: str
@@ -97,6 +98,8 @@ class Job:
     weight_format: str = "native"
     temperature: float = 0.0
     sample_seed: int = 0
+    sample_top_k: int = 0
+    sample_top_p: float = 1.0
     meta: dict = field(default_factory=dict)
 
 
@@ -304,7 +307,8 @@ def _async_target(ctx: Ctx, task: Task, runner: ModelRunner, prompt_index: int, 
     timer = SpanTimer(ctx.device)
     ms = lambda: (time.perf_counter() - t0) * 1e3  # noqa: E731
     verifier = (SyntheticVerifier(job.rank_paths[prompt_index]) if job.rank_paths
-                else make_verifier(job.temperature, job.sample_seed + prompt_index))  # fmt: skip
+                else make_verifier(job.temperature, job.sample_seed + prompt_index, job.sample_top_k,
+                                   job.sample_top_p))  # fmt: skip
     sbuf = torch.zeros(3 + 3 * policy.bs, dtype=torch.long)
     produced, rows, pending_send = 0, [], None
     it = 0
@@ -372,7 +376,8 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
         if draft is not None:
             _reset(draft)
         synth = SyntheticVerifier(job.rank_paths[pi]) if synthetic else None
-        verifier = synth or make_verifier(job.temperature, job.sample_seed + pi)
+        verifier = synth or make_verifier(job.temperature, job.sample_seed + pi, job.sample_top_k,
+                                          job.sample_top_p)  # fmt: skip
         ctx.sync()
         dist.barrier(group=g.colo_ctrl)
         res = generate(target, draft, prompt, cfg, verifier=verifier, weights=job.weights)

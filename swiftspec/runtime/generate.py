@@ -30,7 +30,7 @@ import torch
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
 from swiftspec.runtime.tree import DraftTree, tree_slots_needed
-from swiftspec.runtime.verify import GreedyVerifier, SamplingVerifier, Verifier
+from swiftspec.runtime.verify import GreedyVerifier, SamplingVerifier, Verifier, check_truncation
 from swiftspec.spec import Mode, TreePolicy, UserError, resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,7 +50,9 @@ class GenerateConfig:
     shapes the draft tree instead of the draft's own log-probabilities (`DraftTree`).
     temperature: 0 = greedy verification (`GreedyVerifier`); > 0 samples the target at that
     temperature, losslessly (`SamplingVerifier`, seeded by sample_seed: the same seed gives the
-    same tokens in every mode).
+    same tokens in every mode). sample_top_k (0: off) and sample_top_p (1: off) truncate the sampled
+    distribution to the top-k tokens / the nucleus of mass p (`verify.truncated_probs`); they need
+    temperature > 0.
     """
 
     mode: Mode
@@ -61,6 +63,8 @@ class GenerateConfig:
     rank_logprobs: tuple[float, ...] | None = None
     temperature: float = 0.0
     sample_seed: int = 0
+    sample_top_k: int = 0
+    sample_top_p: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ class GenerateResult:
     records: list[IterationRecord] = field(default_factory=list)
     weight_format: str = "native"  # the target's GEMM weights: "native" (the dtype) | "fp8"
     temperature: float = 0.0  # 0: greedy; > 0: sampled (SamplingVerifier)
+    sample_top_k: int = 0  # sampled: the top-k cut (0: off)
+    sample_top_p: float = 1.0  # sampled: the nucleus mass (1: off)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -138,7 +144,7 @@ def generate(
     """Decode `cfg.max_new_tokens` tokens after `prompt_ids` with fresh runners (empty caches)."""
     if not prompt_ids:
         raise UserError("the prompt is empty: give at least one token")
-    verifier = verifier or make_verifier(cfg.temperature, cfg.sample_seed)
+    verifier = verifier or make_verifier(cfg.temperature, cfg.sample_seed, cfg.sample_top_k, cfg.sample_top_p)  # fmt: skip
     policy, speculative = cfg.policy, cfg.mode is not Mode.autoregressive
     if speculative and draft is None:
         raise UserError(f"{cfg.mode} mode needs a draft model (--draft)")
@@ -227,14 +233,27 @@ def generate(
         stop=stop,
         records=records,
         temperature=cfg.temperature,
+        sample_top_k=cfg.sample_top_k,
+        sample_top_p=cfg.sample_top_p,
     )
 
 
-def make_verifier(temperature: float = 0.0, sample_seed: int = 0) -> Verifier:
-    """Greedy at temperature 0, else lossless sampling at `temperature` (verify.py)."""
+def make_verifier(temperature: float = 0.0, sample_seed: int = 0, sample_top_k: int = 0,
+                  sample_top_p: float = 1.0) -> Verifier:
+    """Greedy at temperature 0, else lossless sampling at `temperature`, truncated to the top
+    sample_top_k tokens and the nucleus of mass sample_top_p (verify.py). Bad values: UserError
+    naming the CLI flag."""
     if not math.isfinite(temperature) or temperature < 0:
         raise UserError(f"--temperature must be a finite number >= 0 (0: greedy), got {temperature}")
-    return SamplingVerifier(temperature, sample_seed) if temperature > 0 else GreedyVerifier()
+    try:
+        check_truncation(sample_top_k, sample_top_p)
+    except ValueError as e:
+        raise UserError(f"--sample-{e}") from None
+    if temperature == 0 and (sample_top_k != 0 or sample_top_p != 1):
+        raise UserError("--sample-top-k / --sample-top-p shape sampling: give --temperature > 0 too (0 is greedy)")
+    if temperature == 0:
+        return GreedyVerifier()
+    return SamplingVerifier(temperature, sample_seed, sample_top_k, sample_top_p)
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,10 +342,13 @@ def generate_from_checkpoints(
     tree_growth: str = "auto",
     temperature: float = 0.0,
     sample_seed: int = 0,
+    sample_top_k: int = 0,
+    sample_top_p: float = 1.0,
 ) -> GenerateResult:
     """Load the models, check the inputs, and run `generate` (the library side of the CLI).
     weight_format: both models' GEMM weights ("native" or "fp8", `load_model`); tree_growth: the
-    draft's top-k (`tree.resolve_tree_growth`); temperature, sample_seed: see `GenerateConfig`."""
+    draft's top-k (`tree.resolve_tree_growth`); temperature, sample_seed, sample_top_k, sample_top_p:
+    see `GenerateConfig`."""
     from swiftspec.runtime.weights import load_model, load_tokenizer
 
     mode = Mode.parse(mode) if isinstance(mode, str) else mode
@@ -337,7 +359,7 @@ def generate_from_checkpoints(
         raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    make_verifier(temperature)  # refuses a bad temperature before any model loads
+    make_verifier(temperature, 0, sample_top_k, sample_top_p)  # bad sampling settings: refused before loading
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     speculative = mode is not Mode.autoregressive
@@ -409,5 +431,7 @@ def generate_from_checkpoints(
         keep_subtree=keep_subtree,
         temperature=temperature,
         sample_seed=sample_seed,
+        sample_top_k=sample_top_k,
+        sample_top_p=sample_top_p,
     )
     return generate(target_runner, draft_runner, ids, cfg, tokenizer=tokenizer, weights=weights)

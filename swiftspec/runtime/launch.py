@@ -383,13 +383,16 @@ def run_plan(
     on_start=None,
     temperature: float = 0.0,
     sample_seed: int = 0,
+    sample_top_k: int = 0,
+    sample_top_p: float = 1.0,
 ):
     """Run a plan (and its baselines) and return its RunLog (rank 0; None on other torchrun ranks).
 
     weights "random" replays an acceptance profile (`acceptance`, else the plan's, else the
     bundled default): `acceptance: synthetic (...)`. Checkpoint weights measure acceptance unless
-    `acceptance` is given. temperature > 0 samples the target (`Job.temperature`); it needs measured
-    acceptance, since a replayed rank path decides the tokens itself.
+    `acceptance` is given. temperature > 0 samples the target (`Job.temperature`, truncated by
+    sample_top_k / sample_top_p); it needs measured acceptance, since a replayed rank path decides the
+    tokens itself.
     """
     import pandas as pd
 
@@ -409,7 +412,7 @@ def run_plan(
         raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
     if max_new_tokens < 1 or num_prompts < 1 or timeout_s <= 0:
         raise UserError("--max-new-tokens, --num-prompts and --timeout must be positive")
-    make_verifier(temperature)  # a bad temperature: one line, before anything starts
+    make_verifier(temperature, 0, sample_top_k, sample_top_p)  # bad sampling settings: one line, before any start
     if temperature > 0 and (weights == "random" or acceptance is not None):
         raise UserError("--temperature needs measured acceptance (--weights checkpoint, no --acceptance): "
                         "with synthetic acceptance the replayed rank paths choose the tokens")
@@ -440,7 +443,8 @@ def run_plan(
     job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
               max_new_tokens=max_new_tokens, device=device, dtype=dtype, weights=weights, seed=seed,
               rank_paths=paths, timeout_s=timeout_s, rank_logprobs=logq, weight_format=weight_format,
-              temperature=temperature, sample_seed=sample_seed)  # fmt: skip
+              temperature=temperature, sample_seed=sample_seed, sample_top_k=sample_top_k,
+              sample_top_p=sample_top_p)  # fmt: skip
     layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
     if torchrun_env() is not None:
         results = run_torchrun(job)
@@ -452,7 +456,8 @@ def run_plan(
     prs = pd.DataFrame([r for res in results for r in res["prompts"]])
     meta = {**run_metadata(device), "plan": plan.to_dict(), "plan_path": str(plan_path), "weights": weights,
             "weight_format": weight_format, "temperature": temperature, "sample_seed": sample_seed,
-            "acceptance": acc_label, "device": device, "dtype": dtype, "prompts": prompts,
+            "sample_top_k": sample_top_k, "sample_top_p": sample_top_p, "acceptance": acc_label, "device": device,
+            "dtype": dtype, "prompts": prompts,
             "tokenized_with": how, "max_new_tokens": max_new_tokens, "colocated_ranks": len(layout.colocated),
             "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world}
     return RunLog(iters, prs, meta, _baseline_predictions(plan, tasks, layout, acc_path, ids, max_new_tokens, paths,
@@ -476,9 +481,11 @@ def format_report(log) -> str:
     if any(isinstance(p, dict) and p.get("workload") == "run" for p in log.predictions.values()):
         lines.append("predicted: re-simulated for this run's workload (its prompts, length and rank paths)")
     if m.get("temperature", 0) > 0:
-        lines.append(f"sampling: temperature {m['temperature']:g}, seed {m['sample_seed']} + prompt index (the "
-                     "predictions use the plan's acceptance profile: plan on one measured at this temperature, "
-                     "`profile acceptance --temperature`)")
+        cut = "".join(f", {name} {m[k]:g}" for k, name, off in (("sample_top_k", "top-k", 0),
+                                                                  ("sample_top_p", "top-p", 1)) if m.get(k, off) != off)
+        lines.append(f"sampling: temperature {m['temperature']:g}{cut}, seed {m['sample_seed']} + prompt index (the "
+                     "predictions use the plan's acceptance profile: plan on one measured with these settings, "
+                     "`profile acceptance --temperature" + (" --sample-top-k/-p" if cut else "") + "`)")
     if m.get("shared_devices"):
         lines.append("note: ranks share a GPU (gloo link, no NCCL): correctness and host-side timing only")
     s = log.summary()

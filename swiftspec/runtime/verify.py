@@ -9,7 +9,8 @@ child was verified; the first draw without one is the bonus token. Every produce
 draw from the target's own distribution, so the output has the distribution of target-only
 sampling. The draws are by inverse CDF from one uniform per output position, from a seeded stream,
 so with the same seed the output equals target-only sampling (`mode autoregressive`) token for
-token, whatever the tree. The draft's distribution is not needed: the trees here are grown
+token, whatever the tree. top-k / top-p (nucleus) truncation reshapes the target's distribution
+before the draw, the same at every node in every mode, so the same holds for them. The draft's distribution is not needed: the trees here are grown
 deterministically (top-w children), and for a fixed child set the chance to continue,
 p(children), is the most any lossless rule can accept. (SpecInfer's residual resampling is for
 children that were themselves sampled from the draft.)
@@ -75,10 +76,12 @@ class SamplingVerifier:
     output position `produced + k` and takes that position's uniform from the seeded stream. Use
     one verifier per generation."""
 
-    def __init__(self, temperature: float, seed: int = 0):
+    def __init__(self, temperature: float, seed: int = 0, top_k: int = 0, top_p: float = 1.0):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 (0 is greedy: GreedyVerifier), got {temperature}")
+        check_truncation(top_k, top_p)
         self.temperature = float(temperature)
+        self.top_k, self.top_p = int(top_k), float(top_p)
         self.produced = 0
         self._gen = torch.Generator().manual_seed(seed)
         self._u: list[float] = []
@@ -91,7 +94,8 @@ class SamplingVerifier:
 
     def verify(self, tree: DraftTree, selected: Sequence[int], target_logits: torch.Tensor) -> Verdict:
         u = torch.tensor([self.uniform(self.produced + tree.depths[n]) for n in selected], dtype=torch.float64)
-        drawn = sample_by_inverse_cdf(target_logits, u.to(target_logits.device), self.temperature)
+        drawn = sample_by_inverse_cdf(target_logits, u.to(target_logits.device), self.temperature,
+                                      self.top_k, self.top_p)
         drawn = drawn.tolist()  # one device sync per verify
         row = {n: i for i, n in enumerate(selected)}
         node, path = 0, [0]
@@ -104,14 +108,49 @@ class SamplingVerifier:
             path.append(node)
 
 
-def sample_by_inverse_cdf(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Token ids drawn from softmax(logits / temperature), one per row, by inverse CDF.
+def check_truncation(top_k: int, top_p: float) -> None:
+    """ValueError unless top_k is an integer >= 0 (0: off) and 0 < top_p <= 1 (1: off)."""
+    if isinstance(top_k, bool) or int(top_k) != top_k or top_k < 0:
+        raise ValueError(f"top-k must be an integer >= 0 (0: off), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top-p must be in (0, 1] (1: off), got {top_p}")
+
+
+def truncated_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """softmax(logits / temperature) restricted to the top-k tokens and then to the nucleus of mass
+    top_p, renormalised. logits: (rows, vocab); returns (rows, vocab) float32.
+
+    top_k keeps every token whose logit ties the k-th largest. top_p keeps the most probable tokens
+    up to and including the first one at which their sum reaches top_p (at least one token), as
+    Hugging Face's TopPLogitsWarper does, computed after top-k."""
+    z = logits.float() / temperature
+    vocab = z.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    probs = torch.softmax(z, dim=-1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        before = sorted_p.double().cumsum(dim=-1) - sorted_p.double()  # mass of the more probable tokens
+        drop_sorted = before >= top_p  # the first token reaching top_p is kept; the top token always is
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample_by_inverse_cdf(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_k: int = 0,
+                          top_p: float = 1.0) -> torch.Tensor:
+    """Token ids drawn from softmax(logits / temperature), truncated to top_k / top_p
+    (`truncated_probs`), one per row, by inverse CDF in vocabulary order.
 
     logits: (rows, vocab), any float dtype (softmax in float32); u: (rows,) uniforms in [0, 1).
     Returns (rows,) int64: the first token whose cumulative probability exceeds u. The cumulative
     sum is float64: over a 128k vocabulary a float32 one drifts by ~1e-5, a bias on rare tokens."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    probs = truncated_probs(logits, temperature, top_k, top_p)
     cdf = probs.double().cumsum(dim=-1)
     # scale u by the row's total rather than trusting the cumsum to end at exactly 1.0
     idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-    return idx.clamp_max(logits.shape[-1] - 1)
+    # u * total may round up to total: then take the last token with mass, never a truncated one
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
+    return torch.minimum(idx, last)

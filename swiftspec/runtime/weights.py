@@ -216,7 +216,9 @@ def resolve_pdl(device: str | torch.device, pdl: str = "auto", fusion: str = "tr
     to ask: the bundled profiles' H200), else off. Measured on the H200 (benchmarks/KERNELS.md,
     "Seventeenth session", paired on six shards): late 1.6-4.3 % faster at 1-16 tokens on every
     shard, within 0.6 % at 64; early 2.2-5.2 % faster on the 70B TP 4/8 shards but 0.8-8.3 % slower
-    at TP 1. fp8 weights stay off until late is measured with them and `h200-fp8` re-profiled."""
+    at TP 1. fp8 weights stay off until `h200-fp8` is re-profiled with late on an H200 (a default
+    must match the profile that predicts it); paired on an H100 ("Eighteenth session"), late was
+    2.5-5.2 % faster with them at 1-16 tokens on three shards."""
     if pdl not in PDL_CHOICES:
         raise UserError(f"pdl must be one of {', '.join(PDL_CHOICES)}, got {pdl!r}")
     if pdl == "auto":
