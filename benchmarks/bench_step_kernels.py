@@ -27,7 +27,9 @@ default step),
 a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
 combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
 tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where
-the tile rule takes TMA (`tma=False`); a "+gemvN" suffix (e.g. triton+gemv64)
+the tile rule takes TMA (`tma=False`); "+wsN" (e.g. +ws128) runs tree attention of at least N rows
+(tokens x group) per KV head through the warp-specialized Gluon kernel (`set_attention(...,
+ws_rows=N)`, `kernels.tree_attention_ws`); a "+gemvN" suffix (e.g. triton+gemv64)
 runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`). The model
 loads with `fold_norm="off"`, `swiglu="off"` and `rope="off"` (the runtime's defaults on CUDA are on), so only "+foldnorm"
 runs each add+RMSNorm inside the skinny linear after it (`set_linear(..., fold_norm=True)`; the norm
@@ -133,7 +135,7 @@ def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, l
     for t in args.tokens:
         toks, pos, mask = step_inputs(spec, t, kv)
         ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, 10, device)  # noqa: B023
-        out = runner.run(toks, pos, pos, kv, mask).float()
+        out = runner.run(toks, pos, pos, kv, mask).float().clone()  # not the graph's static output
         ref = logits.setdefault((kv, t), out) if base["fusion"] == "off" else logits.get((kv, t))
         nbytes = bytes_read(dataclasses.replace(spec, weight_format=base["weight_format"]), t, kv, args.tp)
         row = {**base, "tokens": t, "floor_ms": nbytes / bw * 1e3, "bytes": nbytes,
@@ -174,7 +176,8 @@ def paired_rows(args, setup: Callable, cache: KVCache, spec, kv: int, bw: float)
         for fusion, runner in runners:
             if not runner.use_graphs:
                 setup(fusion)
-            outs[fusion] = runner.run(toks, pos, pos, kv, mask).float()
+            # clone: float32 logits are the graph's static output, and runners may share its memory
+            outs[fusion] = runner.run(toks, pos, pos, kv, mask).float().clone()
         first = args.fusions[0]
         for fusion, ms in times.items():
             ratios = [a / b for a, b in zip(ms, times[first])]
@@ -255,8 +258,10 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
         model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows,
                          fold_norm="foldnorm" in extras, swiglu="swiglu" in extras, rope="rope" in extras)
         if model.attention == "triton":
+            ws_rows = next((int(e[2:]) for e in extras if e.startswith("ws") and e[2:].isdigit()), 0)
             model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
-                                max_block_m=64 if "bm64" in extras else 128, tma=False if "notma" in extras else None)
+                                max_block_m=64 if "bm64" in extras else 128, tma=False if "notma" in extras else None,
+                                ws_rows=ws_rows)
         model.set_pdl("late" if "pdllate" in extras else "early-nopeel" if "pdlnp" in extras else "pdl" in extras)
         return model
 
@@ -416,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch (+pdllate: late mode, +pdlnp: early without the peeled tile), +kernelcombine (tree attention's"
-                         " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +notma (no TMA K/V loads), +gemvN (skinny linear up to N"
+                         " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +notma (no TMA K/V loads), +wsN (Gluon warp-specialized attention from N rows), +gemvN (skinny linear up to N"
                          " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear), +swiglu (silu*up in the gate/up skinny linear), +rope (RoPE + KV write in the qkv one) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
     ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,
                     help=f"GEMMs-alone table: the skinny linear too for up to this many tokens (default {MAX_ROWS},"

@@ -1,5 +1,5 @@
-"""Compile tree attention and the skinny linear for a GPU on any machine (no GPU needed) and read
-what they will cost: shared memory, registers, spills.
+"""Compile tree attention (Triton and Gluon) and the skinny linear for a GPU on any machine (no GPU
+needed) and read what they will cost: shared memory, registers, spills.
 
 Triton compiles for a named target with its bundled ptxas, so a CPU-only machine can check a tile
 before any device time is spent on it. The JIT specializes integer arguments divisible by 16 and
@@ -11,8 +11,8 @@ shared-memory numbers equal those the lent H200 (Triton 3.6) reported when it re
 D 64: 245760 bytes). Without it they are 2.4x lower and meaningless.
 
 Under TRITON_INTERPRET=1 (the CPU test runs) `@triton.jit` functions are interpreted and cannot
-be compiled, so `tree_attention_reports` and `gemv_reports` then compile in one child process
-without it.
+be compiled, so `tree_attention_reports`, `gemv_reports` and `ws_attention_reports` then compile in
+one child process without it.
 """
 
 from __future__ import annotations
@@ -84,14 +84,71 @@ def gemv_reports(items: Sequence[tuple[DotConfig, bool, str]], dtype: str = "bf1
     return _in_child("gemv", [[dataclasses.asdict(c), r, e] for c, r, e in items], dtype, capability)
 
 
-def _in_child(kernel: str, items: list, dtype: str, capability: int) -> list[CompileReport]:
+@dataclass(frozen=True)
+class WsCompileReport:
+    """`ws_attention_reports`: the compile report plus what the PTX holds: register reallocation
+    between partitions (setmaxnreg up and down), wgmma, TMA copies, griddepcontrol (PDL)."""
+
+    report: CompileReport
+    setmaxnreg: bool
+    wgmma: bool
+    tma: bool
+    griddepcontrol: bool
+
+
+def ws_attention_reports(items: Sequence[tuple[int, int, int, int, bool, bool, bool]],
+                         capability: int = 90) -> list[WsCompileReport]:
+    """Compile the Gluon tree attention (`tree_attention_ws._ws_attn_kernel`, bf16) once per
+    (block_n, stages, head_dim, group, pingpong, q_smem, pdl) for sm_<capability>, with K/V
+    descriptors as a launch builds them and 16-divisible pointers and strides."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return [_ws_report(*item, capability) for item in items]
+    out = _in_child("ws", [list(i) for i in items], "bf16", capability, raw=True)
+    return [WsCompileReport(CompileReport(**r.pop("report")), **r) for r in out]
+
+
+def _ws_report(block_n: int, stages: int, head_dim: int, group: int, pingpong: bool, q_smem: bool, pdl: bool,
+               capability: int) -> WsCompileReport:
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from swiftspec.kernels import tree_attention_ws as ws
+
+    if ws.GLUON_ERROR:
+        raise RuntimeError(f"no Gluon here: {ws.GLUON_ERROR}")
+    cache = torch.zeros(8 * 1024, head_dim, dtype=torch.bfloat16)  # only its shape, strides and dtype matter
+    layout = ws.gl.NVMMASharedLayout.get_default_for([block_n, head_dim], ws.gl.bfloat16)
+    desc = mangle_type(ws.TensorDescriptor.from_tensor(cache, [block_n, head_dim], layout))
+    fn = ws._ws_attn_kernel
+    names = list(inspect.signature(fn.fn).parameters)
+    constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "PINGPONG": pingpong,
+                  "Q_SMEM": q_smem, "PDL": pdl}
+    signature = {"Q": "*bf16", "KD": desc, "VD": desc, "PREFIX": "*i32", "MASKW": "*i32", "PART_ML": "*fp32",
+                 "PART_ACC": "*fp32", "scale_log2": "fp32",
+                 **dict.fromkeys(("T", "N", "MAX_LEN", "NUM_SPLITS", "stride_qt", "stride_qh", "stride_mt"), "i32"),
+                 **dict.fromkeys(constexprs, "constexpr")}
+    divisible = ("Q", "PREFIX", "MASKW", "PART_ML", "PART_ACC", "MAX_LEN", "stride_qt", "stride_qh")
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    kernel = triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+    ptx = kernel.asm["ptx"]
+    report = _resources(kernel)
+    return WsCompileReport(report, "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx, "wgmma.mma_async" in ptx,
+                           "cp.async.bulk.tensor" in ptx, "griddepcontrol.wait" in ptx)
+
+
+def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool = False) -> list:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     job = {"kernel": kernel, "dtype": dtype, "capability": capability, "items": items}
     done = subprocess.run([sys.executable, "-m", "swiftspec.kernels.compile_check"], input=json.dumps(job), env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"compile_check child failed: {done.stderr[-1000:]}")
-    return [CompileReport(**r) for r in json.loads(done.stdout)]
+    # the child's stdout may carry other libraries' chatter: the answer is its last line
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    return rows if raw else [CompileReport(**r) for r in rows]
 
 
 @functools.lru_cache(maxsize=256)
@@ -135,6 +192,11 @@ def _compiled_report(fn, signature: dict, constexprs: dict, attrs: dict, num_war
         ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
         target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps, "num_stages": num_stages},
     )
+    return _resources(kernel)
+
+
+def _resources(kernel) -> CompileReport:
+    """Shared memory (Triton's metadata), registers and spill stack (cuobjdump) of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -147,8 +209,12 @@ def _compiled_report(fn, signature: dict, constexprs: dict, attrs: dict, num_war
     return CompileReport(shared, int(m.group(1)), int(m.group(2)), shared <= SM90_SHARED_LIMIT)
 
 
-if __name__ == "__main__":  # the child of tree_attention_reports / gemv_reports under TRITON_INTERPRET=1
+if __name__ == "__main__":  # the child of the *_reports functions under TRITON_INTERPRET=1
     job = json.load(sys.stdin)
+    if job["kernel"] == "ws":
+        print(json.dumps([dataclasses.asdict(r)
+                          for r in ws_attention_reports([tuple(i) for i in job["items"]], job["capability"])]))
+        sys.exit(0)
     if job["kernel"] == "gemv":
         reports = gemv_reports([(DotConfig(**c), r, e) for c, r, e in job["items"]], job["dtype"], job["capability"])
     else:
