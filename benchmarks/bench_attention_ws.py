@@ -5,9 +5,8 @@
 
 Per shape (kv:queries:hq/hkv, head dim 128, bf16, prefix = kv - queries, a random verify tree):
 `tree_attention` as the model calls it (impl "triton"; "triton_pdl" with late PDL launches),
-`tree_attention_ws` with its defaults (impl "ws": consumers in ping-pong, 4 stages,
-`default_splits`), with PDL launches ("ws_pdl"), without the ping-pong ("ws_nopingpong"), with Q
-in shared memory ("ws_qsmem"); the device µs of each kernel of the default call (torch.profiler,
+`tree_attention_ws` with its defaults (impl "ws": 4 stages, `default_splits`), with PDL launches
+("ws_pdl"), with Q in shared memory ("ws_qsmem"); the device µs of each kernel of the default call (torch.profiler,
 "ws_kernel:<name>"); and with `--sweep` the ws kernel over block_n x stages x splits x Q in shared
 memory ("ws_sweep"). Each row has the bytes floor (K + V + q + out over the copy bandwidth measured
 in the same run), the dots' arithmetic (`gflop`: 4 * queries * Hq * kv * D), TFLOP/s, and the
@@ -38,7 +37,7 @@ from swiftspec.runtime.attention import tree_attention_ref  # noqa: E402
 SHAPES = ("16384:64:32/8,4096:64:32/8,1024:64:32/8,16384:128:32/8,16384:16:32/8,1024:128:32/8,"
           "16384:64:8/1,4096:128:8/1,16384:128:8/1,1024:64:8/1")
 SWEEP = ([(64, 4, sp, False) for sp in (6, 8, 12)] + [(128, 3, sp, True) for sp in (4, 6, 8, 12, 16)]
-         + [(128, 2, 8, True), (128, 3, 8, False)])
+         + [(128, 2, 8, True)])
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
@@ -95,17 +94,16 @@ def bench_shape(kv, t, hq, hkv, bw, gen, sweep: bool) -> list[dict]:
                 num_splits=cfg.num_splits, block_n=cfg.block_n, stages=cfg.num_stages, pdl=bool(pdl))
     rows_total = t * (hq // hkv)
     splits = ws.default_splits(rows_total, hkv, kv, 64, torch.cuda.get_device_properties(0).multi_processor_count)
-    for impl, pingpong, qs, pdl in (("ws", True, False, False), ("ws_pdl", True, False, True),
-                                    ("ws_nopingpong", False, False, False), ("ws_qsmem", True, True, False)):
-        measure(impl, lambda i, o, pp=pingpong, qs=qs, pdl=pdl: ws.tree_attention_ws(
-            a.q[i], a.k[i], a.v[i], a.pl, a.mask, a.scale, packed_mask=a.packed, out=o, pingpong=pp, q_smem=qs,
-            pdl=pdl), num_splits=splits, block_n=64, stages=4, pingpong=pingpong, q_smem=qs, pdl=pdl)
+    for impl, qs, pdl in (("ws", False, False), ("ws_pdl", False, True), ("ws_qsmem", True, False)):
+        measure(impl, lambda i, o, qs=qs, pdl=pdl: ws.tree_attention_ws(
+            a.q[i], a.k[i], a.v[i], a.pl, a.mask, a.scale, packed_mask=a.packed, out=o, q_smem=qs, pdl=pdl),
+            num_splits=splits, block_n=64, stages=4, q_smem=qs, pdl=pdl)
     rows += kernel_rows(base, lambda: ws.tree_attention_ws(a.q[0], a.k[0], a.v[0], a.pl, a.mask, a.scale,
                                                            packed_mask=a.packed, out=a.outs[0]))
     for bn, st, sp, qs in SWEEP if sweep else []:
         measure("ws_sweep", lambda i, o, bn=bn, st=st, sp=sp, qs=qs: ws.tree_attention_ws(
             a.q[i], a.k[i], a.v[i], a.pl, a.mask, a.scale, packed_mask=a.packed, out=o, num_splits=sp, block_n=bn,
-            num_stages=st, q_smem=qs), num_splits=sp, block_n=bn, stages=st, pingpong=True, q_smem=qs, pdl=False)
+            num_stages=st, q_smem=qs), num_splits=sp, block_n=bn, stages=st, q_smem=qs, pdl=False)
         if bn == 128 and st == 3 and sp == 8 and qs:  # the candidate tile: its kernels too
             rows += kernel_rows({**base, "block_n": 128}, lambda: ws.tree_attention_ws(
                 a.q[0], a.k[0], a.v[0], a.pl, a.mask, a.scale, packed_mask=a.packed, out=a.outs[0], num_splits=8,
@@ -149,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         us = dict(zip(r.impl, r.us))  # the sweep's rows last: the named ones keep their own
         kernels = ", ".join(f"{n.split(':')[1][:24]} {v:.1f}" for n, v in us.items() if n.startswith("ws_kernel"))
         print(f"{hq}/{hkv} kv {kv} q {t}: triton {us['triton']:.1f} µs (pdl {us['triton_pdl']:.1f}), ws {us['ws']:.1f} "
-              f"(pdl {us['ws_pdl']:.1f}, no ping-pong {us['ws_nopingpong']:.1f}, Q in smem {us['ws_qsmem']:.1f}; "
+              f"(pdl {us['ws_pdl']:.1f}, Q in smem {us['ws_qsmem']:.1f}; "
               f"kernels: {kernels}), best ws {best.us:.1f} (stages {best.stages}, "
-              f"splits {best.num_splits}, ping-pong {best.pingpong}, q_smem {best.q_smem}, pdl {best.pdl}), floor {r.floor_us.iloc[0]:.1f}; max err {r.rel_err.max():.1e}", flush=True)
+              f"splits {best.num_splits}, q_smem {best.q_smem}, pdl {best.pdl}), floor {r.floor_us.iloc[0]:.1f}; max err {r.rel_err.max():.1e}", flush=True)
     print(f"wrote {stem}.json and .csv")
     return 0
 

@@ -25,15 +25,15 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
 
 @pytest.mark.skipif(bool(ws.GLUON_ERROR) or not compile_check.available(),
                     reason="needs Triton's Gluon and its bundled ptxas")
-@pytest.mark.parametrize("block_n,stages,head_dim,group,pingpong,q_smem,pdl", [
-    (64, 4, 128, 4, True, False, False), (64, 4, 128, 8, True, True, True), (64, 2, 64, 1, True, False, False),
-    (64, 3, 128, 4, False, True, False), (128, 3, 128, 4, True, True, False)])  # fmt: skip
-def test_compiles_for_sm90_and_fits(block_n, stages, head_dim, group, pingpong, q_smem, pdl):
+@pytest.mark.parametrize("block_n,stages,head_dim,group,q_smem,pdl", [
+    (64, 4, 128, 4, False, False), (64, 4, 128, 8, True, True), (64, 2, 64, 1, False, False),
+    (64, 3, 128, 4, True, False), (128, 3, 128, 4, True, False)])  # fmt: skip
+def test_compiles_for_sm90_and_fits(block_n, stages, head_dim, group, q_smem, pdl):
     """The benchmark's tiles build for the H200 (on this machine's Triton, 3.6 or 3.9) as a launch
     would, and fit its shared memory: K and V rings (2 * stages * block_n * D * 2 bytes), Q when in
     shared memory, plus layout-conversion scratch. The PTX has the partitions' register
     reallocation, wgmma, TMA copies, and griddepcontrol exactly when pdl."""
-    (r,) = compile_check.ws_attention_reports([(block_n, stages, head_dim, group, pingpong, q_smem, pdl)])
+    (r,) = compile_check.ws_attention_reports([(block_n, stages, head_dim, group, q_smem, pdl)])
     ring = 2 * stages * block_n * head_dim * 2 + (2 * 64 * head_dim * 2 if q_smem else 0)
     assert r.report.fits and ring <= r.report.shared_bytes < ring + 32 * 1024, r
     assert r.setmaxnreg and r.wgmma and r.tma and r.griddepcontrol == pdl, r
@@ -50,8 +50,8 @@ def test_refuses_what_it_cannot_run():
     if not ws.GLUON_ERROR:
         assert "CUDA" in why
     mask = torch.ones(4, 4, dtype=torch.bool)
-    for kw in ({"block_n": 128, "pingpong": False}, {"block_n": 32}, {"num_stages": 5}):
-        with pytest.raises(ValueError, match="block_n must be 64"):  # the tile is checked first
+    for kw in ({"block_n": 32}, {"num_stages": 5}, {"num_stages": 1}):
+        with pytest.raises(ValueError, match="block_n must be 64 or 128"):  # the tile is checked first
             ws.tree_attention_ws(q, k, k, 32, mask, 0.1, **kw)
 
 
@@ -87,20 +87,18 @@ def _case(kv, t, hq, hkv, d, kind, seed):
 @pytest.mark.parametrize("kv,t,hq,hkv,kind", [(1000, 64, 32, 8, "verify"), (4133, 16, 32, 8, "draft"),
                                               (16384, 64, 32, 8, "verify"), (3000, 64, 8, 1, "verify"),
                                               (777, 128, 8, 1, "draft"), (16384, 8, 8, 1, "verify")])
-@pytest.mark.parametrize("stages,splits,pingpong,d,q_smem", [(3, None, True, 128, False), (2, None, True, 128, False),
-                                                            (4, 3, True, 128, False), (3, 1, True, 128, False),
-                                                            (3, None, False, 128, False), (3, 5, True, 64, False),
-                                                            (3, None, True, 128, True), (4, 2, False, 64, True),
-                                                            (-3, None, True, 128, True), (-3, 2, True, 64, False)])
-def test_gpu_equals_reference(kv, t, hq, hkv, kind, stages, splits, pingpong, d, q_smem):
-    """stages < 0: block_n 128 with -stages stages."""
-    block_n = 128 if stages < 0 else 64
+@pytest.mark.parametrize("block_n,stages,splits,d,q_smem", [(64, 4, None, 128, False), (64, 2, None, 128, False),
+                                                        (64, 4, 3, 128, False), (64, 3, 1, 128, False),
+                                                        (64, 3, 5, 64, False), (64, 4, None, 128, True),
+                                                        (64, 4, 2, 64, True), (128, 3, None, 128, True),
+                                                        (128, 3, 2, 64, False)])
+def test_gpu_equals_reference(kv, t, hq, hkv, kind, block_n, stages, splits, d, q_smem):
     q, k, v, prefix, mask = _case(kv, t, hq, hkv, d, kind, zlib.crc32(f"{kv}/{t}/{hq}/{kind}".encode()))
     ref = tree_attention_ref(q, k, v, prefix, mask, d**-0.5).float()
     out = torch.full_like(q, float("nan"))
     pl = torch.tensor(prefix, dtype=torch.int32, device="cuda")
-    ws.tree_attention_ws(q, k, v, pl, mask, d**-0.5, num_splits=splits, num_stages=abs(stages), pingpong=pingpong,
-                         q_smem=q_smem, block_n=block_n, out=out)
+    ws.tree_attention_ws(q, k, v, pl, mask, d**-0.5, num_splits=splits, num_stages=stages, q_smem=q_smem,
+                         block_n=block_n, out=out)
     err = float((out.float() - ref).norm() / ref.norm())
     assert not out.isnan().any() and err < 2e-2, err
 

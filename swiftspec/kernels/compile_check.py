@@ -96,10 +96,10 @@ class WsCompileReport:
     griddepcontrol: bool
 
 
-def ws_attention_reports(items: Sequence[tuple[int, int, int, int, bool, bool, bool]],
+def ws_attention_reports(items: Sequence[tuple[int, int, int, int, bool, bool]],
                          capability: int = 90) -> list[WsCompileReport]:
     """Compile the Gluon tree attention (`tree_attention_ws._ws_attn_kernel`, bf16) once per
-    (block_n, stages, head_dim, group, pingpong, q_smem, pdl) for sm_<capability>, with K/V
+    (block_n, stages, head_dim, group, q_smem, pdl) for sm_<capability>, with K/V
     descriptors as a launch builds them and 16-divisible pointers and strides."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return [_ws_report(*item, capability) for item in items]
@@ -107,7 +107,7 @@ def ws_attention_reports(items: Sequence[tuple[int, int, int, int, bool, bool, b
     return [WsCompileReport(CompileReport(**r.pop("report")), **r) for r in out]
 
 
-def _ws_report(block_n: int, stages: int, head_dim: int, group: int, pingpong: bool, q_smem: bool, pdl: bool,
+def _ws_report(block_n: int, stages: int, head_dim: int, group: int, q_smem: bool, pdl: bool,
                capability: int) -> WsCompileReport:
     import torch
     from triton.backends.compiler import GPUTarget
@@ -123,8 +123,8 @@ def _ws_report(block_n: int, stages: int, head_dim: int, group: int, pingpong: b
     desc = mangle_type(ws.TensorDescriptor.from_tensor(cache, [block_n, head_dim], layout))
     fn = ws._ws_attn_kernel
     names = list(inspect.signature(fn.fn).parameters)
-    constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "PINGPONG": pingpong,
-                  "Q_SMEM": q_smem, "PDL": pdl}
+    constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "Q_SMEM": q_smem,
+                  "PDL": pdl}
     signature = {"Q": "*bf16", "KD": desc, "VD": desc, "PREFIX": "*i32", "MASKW": "*i32", "PART_ML": "*fp32",
                  "PART_ACC": "*fp32", "scale_log2": "fp32",
                  **dict.fromkeys(("T", "N", "MAX_LEN", "NUM_SPLITS", "stride_qt", "stride_qh", "stride_mt"), "i32"),

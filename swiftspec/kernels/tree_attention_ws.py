@@ -18,9 +18,10 @@ Here each program has three partitions that only meet at mbarriers:
   (`kv_empty[s]`, one arrival per consumer).
 
 The consumers are not in lock-step, so one's softmax runs on the CUDA cores while the other's dots
-run on the tensor cores: the overlap FlashAttention-3 gets from warp specialization. `pingpong`
-(the default) also makes them take turns on the tensor cores, each turn issuing one block's QK^T
-with the previous block's PV; measured, that changed little (0.98-1.06x): they overlap anyway.
+run on the tensor cores: the overlap FlashAttention-3 gets from warp specialization. They also take
+turns on the tensor cores, each turn issuing one block's QK^T with the previous block's PV. A
+variant without the turns measured 0.98-1.06x of this one, but gave wrong results in two tile
+settings (block_n 128 at D 128, cause not found), so only this schedule is kept (KERNELS.md).
 On an H100 the kernel is 1.02-1.37x faster than `tree_attention` on 64-1024 rows per KV head, and
 takes the 35 µs shape from 54.1 to 41.7 µs (KERNELS.md, "Nineteenth session").
 
@@ -135,13 +136,13 @@ if not GLUON_ERROR:
                      scale_log2, row_base, kvh, split, hkv, rows_total, lo, hi, pl, end_full, n_blocks, N,
                      stride_qt, stride_qh, stride_mt,
                      GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                     CONSUMER: gl.constexpr, PINGPONG: gl.constexpr, Q_SMEM: gl.constexpr, PDL: gl.constexpr):
+                     CONSUMER: gl.constexpr, Q_SMEM: gl.constexpr, PDL: gl.constexpr):
         """64 rows (row_base..+63) over the split's blocks; writes this split's partials.
 
-        PINGPONG: the two consumers take turns on the tensor cores (`turn[c]`: consumer c may issue,
-        signalled by the other after its dots were issued and its scores came back), and each turn
-        issues this block's QK^T together with the previous block's PV, so one consumer's softmax
-        runs while the other's dots do (FlashAttention-3's schedule). Q_SMEM: QK^T reads Q from shared
+        The two consumers take turns on the tensor cores (`turn[c]`: consumer c may issue, signalled
+        by the other after its dots were issued and its scores came back), and each turn issues this
+        block's QK^T together with the previous block's PV, so one consumer's softmax runs while the
+        other's dots do (FlashAttention-3's schedule). Q_SMEM: QK^T reads Q from shared
         memory (q_smem[CONSUMER]) instead of registers."""
         BLOCK_M: gl.constexpr = 64
         qk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -181,53 +182,39 @@ if not GLUON_ERROR:
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_qk)
         acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=qk_layout)
-        if PINGPONG:
-            # Turn k of consumer c waits for parity (k & 1) ^ (1 - c): consumer 0's first wait passes
-            # on the fresh barrier, every later one waits for the other's k-th signal.
-            if n_blocks > 0:
-                mbarrier.wait(turn.index(CONSUMER), other)
-                mbarrier.wait(kv_ready.index(0), 0)
-                sc = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
-                mbarrier.arrive(turn.index(other), count=1)
-                p, alpha, m_i, l_i = _probs(sc, lo, m_i, l_i, pl, hi, end_full, N, MASKW, t_of_row, row_ok, offs_n,
-                                            stride_mt, scale_log2)
-                p16 = gl.convert_layout(p.to(k_bufs.dtype), p_op)
-                for i in range(1, n_blocks):
-                    s = i % STAGES
-                    sp = (i - 1) % STAGES
-                    mbarrier.wait(turn.index(CONSUMER), (i & 1) ^ other)
-                    mbarrier.wait(kv_ready.index(s), (i // STAGES) & 1)
-                    sc = warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
-                    sc = warpgroup_mma_wait(num_outstanding=1, deps=[sc])  # QK^T back, PV may still run
-                    mbarrier.arrive(turn.index(other), count=1)
-                    p, alpha, m_i, l_i = _probs(sc, lo + i * BLOCK_N, m_i, l_i, pl, hi, end_full, N, MASKW, t_of_row,
-                                                row_ok, offs_n, stride_mt, scale_log2)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-                    mbarrier.arrive(kv_empty.index(sp), count=1)
-                    # acc holds blocks < i at the old max: rescale after adding PV of block i - 1
-                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-                    p16 = gl.convert_layout(p.to(k_bufs.dtype), p_op)
-                s = (n_blocks - 1) % STAGES
-                mbarrier.wait(turn.index(CONSUMER), (n_blocks & 1) ^ other)
-                acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-                mbarrier.arrive(turn.index(other), count=1)
-                mbarrier.arrive(kv_empty.index(s), count=1)
-        else:
-            for i in range(n_blocks):
+        # Turn k of consumer c waits for parity (k & 1) ^ (1 - c): consumer 0's first wait passes on
+        # the fresh barrier, every later one waits for the other's k-th signal.
+        if n_blocks > 0:
+            mbarrier.wait(turn.index(CONSUMER), other)
+            mbarrier.wait(kv_ready.index(0), 0)
+            sc = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
+            mbarrier.arrive(turn.index(other), count=1)
+            p, alpha, m_i, l_i = _probs(sc, lo, m_i, l_i, pl, hi, end_full, N, MASKW, t_of_row, row_ok, offs_n,
+                                        stride_mt, scale_log2)
+            p16 = gl.convert_layout(p.to(k_bufs.dtype), p_op)
+            for i in range(1, n_blocks):
                 s = i % STAGES
+                sp = (i - 1) % STAGES
+                mbarrier.wait(turn.index(CONSUMER), (i & 1) ^ other)
                 mbarrier.wait(kv_ready.index(s), (i // STAGES) & 1)
                 sc = warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
+                acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
+                sc = warpgroup_mma_wait(num_outstanding=1, deps=[sc])  # QK^T back, PV may still run
+                mbarrier.arrive(turn.index(other), count=1)
                 p, alpha, m_i, l_i = _probs(sc, lo + i * BLOCK_N, m_i, l_i, pl, hi, end_full, N, MASKW, t_of_row,
                                             row_ok, offs_n, stride_mt, scale_log2)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+                mbarrier.arrive(kv_empty.index(sp), count=1)
+                # acc holds blocks < i at the old max: rescale after adding PV of block i - 1
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 p16 = gl.convert_layout(p.to(k_bufs.dtype), p_op)
-                acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-                mbarrier.arrive(kv_empty.index(s), count=1)
+            s = (n_blocks - 1) % STAGES
+            mbarrier.wait(turn.index(CONSUMER), (n_blocks & 1) ^ other)
+            acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            mbarrier.arrive(turn.index(other), count=1)
+            mbarrier.arrive(kv_empty.index(s), count=1)
 
         if PDL:  # the combine may launch now: it waits for this grid's completion before reading
             _gdc("griddepcontrol.launch_dependents;")
@@ -246,7 +233,7 @@ if not GLUON_ERROR:
     def _ws_attn_kernel(Q, KD, VD, PREFIX, MASKW, PART_ML, PART_ACC,
                         scale_log2, T, N, MAX_LEN, NUM_SPLITS, stride_qt, stride_qh, stride_mt,
                         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        PINGPONG: gl.constexpr, Q_SMEM: gl.constexpr, PDL: gl.constexpr):
+                        Q_SMEM: gl.constexpr, PDL: gl.constexpr):
         """Program (row tile of 128, kv head, split); partitions in the module docstring. PDL: a
         programmatic dependent launch (wait for the previous kernel before reading anything; let the
         combine launch once the key loops are done)."""
@@ -287,10 +274,10 @@ if not GLUON_ERROR:
             [(_ws_producer, (KD, VD, k_bufs, v_bufs, kv_ready, kv_empty, row0, n_blocks, BLOCK_N, STAGES, tile_bytes)),
              (_ws_consumer, (Q, MASKW, PART_ML, PART_ACC, k_bufs, v_bufs, kv_ready, kv_empty, turn, q_smem, scale_log2,
                              pid_m * 128, kvh, split, hkv, rows_total, lo, hi, pl, end_full, n_blocks, N,
-                             stride_qt, stride_qh, stride_mt, GROUP, HEAD_DIM, BLOCK_N, STAGES, 0, PINGPONG, Q_SMEM, PDL)),
+                             stride_qt, stride_qh, stride_mt, GROUP, HEAD_DIM, BLOCK_N, STAGES, 0, Q_SMEM, PDL)),
              (_ws_consumer, (Q, MASKW, PART_ML, PART_ACC, k_bufs, v_bufs, kv_ready, kv_empty, turn, q_smem, scale_log2,
                              pid_m * 128 + 64, kvh, split, hkv, rows_total, lo, hi, pl, end_full, n_blocks, N,
-                             stride_qt, stride_qh, stride_mt, GROUP, HEAD_DIM, BLOCK_N, STAGES, 1, PINGPONG, Q_SMEM, PDL))],
+                             stride_qt, stride_qh, stride_mt, GROUP, HEAD_DIM, BLOCK_N, STAGES, 1, Q_SMEM, PDL))],
             [4, 4], [232, 232],
         )
 
@@ -318,7 +305,6 @@ def tree_attention_ws(
     num_splits: int | None = None,
     block_n: int = 64,
     num_stages: int = 4,
-    pingpong: bool = True,
     q_smem: bool = False,
     pdl: bool = False,
     packed_mask: torch.Tensor | None = None,
@@ -327,16 +313,14 @@ def tree_attention_ws(
     """Tree attention for one layer with the warp-specialized kernel; shapes, arguments and result
     as `tree_attention.tree_attention` (q (T, Hq, D); caches (Hkv, max_len, D); mask (T, N)).
 
-    block_n: keys per block (64; or 128 with pingpong: without it 128 gave wrong results at D 128 on
-    Triton 3.6, cause not found; at D 128 only 3 stages with q_smem fit); num_stages: K/V ring slots (shared memory:
-    2 * stages * block_n * D * 2 bytes); pingpong: the consumers take turns on the tensor cores
-    (`_ws_consumer`); q_smem: QK^T reads Q from shared memory, not registers; pdl: both launches
-    are programmatic dependent launches (Hopper; `swiftspec.kernels.pdl`); num_splits: None ->
+    block_n: keys per block (64, or 128: no faster, and at D 128 only 3 stages with q_smem fit);
+    num_stages: K/V ring slots (shared memory: 2 * stages * block_n * D * 2 bytes); q_smem: QK^T
+    reads Q from shared memory, not registers; pdl: both launches are programmatic dependent
+    launches (Hopper; `swiftspec.kernels.pdl`); num_splits: None ->
     `default_splits`. Launches: pack (unless packed_mask),
     attention, combine. ValueError (`check_ws`'s reason, or a bad tile) where it cannot run."""
-    if block_n not in (64, 128) or not 2 <= num_stages <= 4 or (block_n == 128 and not pingpong):
-        raise ValueError(f"block_n must be 64 (or 128 with pingpong) and num_stages 2..4, got {block_n}, "
-                         f"{num_stages}, pingpong={pingpong}")
+    if block_n not in (64, 128) or not 2 <= num_stages <= 4:
+        raise ValueError(f"block_n must be 64 or 128 and num_stages 2..4, got {block_n}, {num_stages}")
     why = check_ws(q, k_cache, v_cache)
     if why:
         raise ValueError(f"tree_attention_ws: {why}")
@@ -367,7 +351,7 @@ def tree_attention_ws(
     _ws_attn_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM), hkv, splits)](
         q, kd, vd, prefix, packed_mask, part_ml, part_acc,
         float(scale) * 1.4426950408889634, t, n, max_len, splits, q.stride(0), q.stride(1), packed_mask.stride(0),
-        GROUP=group, HEAD_DIM=d, BLOCK_N=block_n, STAGES=num_stages, PINGPONG=pingpong, Q_SMEM=q_smem, PDL=pdl,
+        GROUP=group, HEAD_DIM=d, BLOCK_N=block_n, STAGES=num_stages, Q_SMEM=q_smem, PDL=pdl,
         num_warps=4, **launch_options(pdl),
     )
     _combine_kernel[(rows, hkv)](
