@@ -333,9 +333,12 @@ def profile_group() -> None:
 @click.option("--weight-format", default="native", show_default=True,
               help="native (GEMM weights in --dtype) | fp8 (weight-only float8 e4m3, per-row scales; "
                    "a separate profile folder, as the bundled h200-fp8).")
+@click.option("--attention-ws", default="auto", show_default=True,
+              help="auto (the runtime's default, off for now) | on (forwards of >= 128 rows per KV head through the "
+                   "Gluon warp-specialized tree attention: Hopper, bf16/fp16) | off. Recorded in meta.json.")
 @click.option("--time-budget", type=float, default=None, help="Seconds; then stop and write what was measured.")
 def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
-                        weight_format, time_budget) -> None:  # fmt: skip
+                        weight_format, attention_ws, time_budget) -> None:  # fmt: skip
     """Time forward/layers, embed, LM head, tree growth, KV compaction and host work per iteration."""
     import torch
 
@@ -351,7 +354,8 @@ def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, 
     res = profile_compute(
         [m.strip() for m in models.split(",") if m.strip()], output, device=device, grid=grid,
         timing=TimingConfig.for_device(device, quick), dtype=dtype, host=host, alias=alias, attention=attention,
-        weight_format=weight_format, time_budget_s=time_budget, progress=sys.stderr.isatty(),
+        weight_format=weight_format, attention_ws=attention_ws, time_budget_s=time_budget,
+        progress=sys.stderr.isatty(),
         log=None if sys.stderr.isatty() else (lambda line: click.echo(line, err=True)),
     )  # fmt: skip
     for line in res.skipped:

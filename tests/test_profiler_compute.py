@@ -40,7 +40,8 @@ def test_profile_schema_round_trips(cpu_profile):
     assert prof.meta["compute"]["grid"]["tokens"] == [1, 2, 4]
     assert prof.label.startswith("measured, cpu, ")
     # the kernels it timed, so that a later runtime with other defaults is told (validate)
-    assert (prof.meta["attention"], prof.meta["attention_combine"], prof.meta["pdl"]) == ("torch", "-", "off")
+    assert (prof.meta["attention"], prof.meta["attention_combine"], prof.meta["pdl"], prof.meta["attention_ws"]) == (
+        "torch", "-", "off", "off")
     assert kernel_mismatch(prof.meta, "cpu") == []
     name = ModelSpec.from_config(ckpt).name
     c = prof.compute
@@ -196,6 +197,20 @@ def test_cli_compute_bad_model_exits_2(monkeypatch, capsys, tmp_path):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: unknown model")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_compute_attention_ws_on_cpu_exits_2(make_checkpoint, monkeypatch, capsys, tmp_path):
+    """--attention-ws on needs a CUDA GPU: one line, exit 2, no folder."""
+    from swiftspec import cli
+
+    monkeypatch.setattr(sys, "argv", ["swiftspec", "profile", "compute", "--models", str(make_checkpoint("llama")),
+                                      "--device", "cpu", "--attention-ws", "on", "-o", str(tmp_path / "out")])  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "attention_ws 'on' needs a CUDA GPU" in err[0]
     assert not (tmp_path / "out").exists()
 
 

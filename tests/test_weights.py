@@ -192,3 +192,32 @@ def test_rope_default_follows_the_skinny_linear(make_checkpoint):
     model = load_model(make_checkpoint("llama"), linear="triton", fusion="triton", rope="on")
     assert model.rope and not model.swiglu
     assert not load_model(make_checkpoint("llama"), linear="triton", fusion="triton").rope  # auto: off on the CPU
+
+
+def test_attention_ws_setting(make_checkpoint):
+    """attention_ws: "auto" is off (the bundled profile predicts the Triton kernel), "on" means from
+    ATTENTION_WS_ROWS rows per KV head and needs CUDA with attention "triton"; profiles record it,
+    and one measured with it on is flagged against the runtime."""
+    from swiftspec.runtime.weights import (
+        ATTENTION_WS_ROWS,
+        kernel_mismatch,
+        kernel_settings,
+        load_model,
+        resolve_attention_ws,
+    )
+
+    assert resolve_attention_ws("cuda") == 0 and resolve_attention_ws("cuda", "off") == 0
+    assert resolve_attention_ws("cuda", "on") == ATTENTION_WS_ROWS == 128
+    with pytest.raises(UserError, match="attention_ws must be one of auto, on, off"):
+        resolve_attention_ws("cuda", "128")
+    with pytest.raises(UserError, match="attention_ws 'on' needs a CUDA GPU and attention 'triton'"):
+        resolve_attention_ws("cpu", "on")
+    with pytest.raises(UserError, match="attention 'triton'"):
+        resolve_attention_ws("cuda", "on", attention="torch")
+    cuda = kernel_settings("cuda")
+    assert cuda["attention_ws"] == "off" and kernel_settings("cpu")["attention_ws"] == "off"
+    assert kernel_mismatch({**cuda, "attention_ws": "on"}, "cuda") == ["attention_ws: profile on, runtime off"]
+    path = make_checkpoint("llama")
+    assert load_model(path).attn_ws_rows == 0
+    with pytest.raises(UserError, match="needs a CUDA GPU"):
+        load_model(path, attention_ws="on")

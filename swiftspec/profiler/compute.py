@@ -206,12 +206,12 @@ def without_comm(model) -> None:
 
 
 def shard_model(name_or_path: str, tp: int, device: str, dtype: torch.dtype, seed: int = 0,
-                attention: str = "auto", weight_format: str = "native"):
+                attention: str = "auto", weight_format: str = "native", attention_ws: str = "auto"):
     """Rank 0 of a `tp`-way shard with random weights at real shapes, communication skipped."""
     from swiftspec.runtime.weights import load_model
 
     model = load_model(name_or_path, weights="random", device=device, dtype=dtype, tp_rank=0, tp_size=tp, seed=seed,
-                       attention=attention, weight_format=weight_format)  # fmt: skip
+                       attention=attention, weight_format=weight_format, attention_ws=attention_ws)  # fmt: skip
     without_comm(model)
     return model
 
@@ -251,6 +251,7 @@ class ShardJob:
     done: set = field(default_factory=set)
     attention: str = "auto"
     weight_format: str = "native"
+    attention_ws: str = "auto"
 
     def keys(self) -> list[tuple]:
         m, t = self.name, self.tp
@@ -280,7 +281,8 @@ def profile_shard(job: ShardJob, device: str, dtype: torch.dtype, timer: Timer, 
     todo = set(job.todo())
     if not todo:
         return
-    model = shard_model(job.source, job.tp, device, dtype, attention=job.attention, weight_format=job.weight_format)
+    model = shard_model(job.source, job.tp, device, dtype, attention=job.attention, weight_format=job.weight_format,
+                        attention_ws=job.attention_ws)
     spec, shard = model.spec, model.shard
     gen = torch.Generator(device=device).manual_seed(1234)
     dev = torch.device(device)
@@ -505,6 +507,7 @@ def profile_compute(
     alias: bool = True,
     attention: str = "auto",
     weight_format: str = "native",
+    attention_ws: str = "auto",
     time_budget_s: float | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
@@ -518,7 +521,8 @@ def profile_compute(
     attention: the runtime's attention implementation to time ("auto" = the runtime's default for
     the device, "torch" SDPA or "triton"); the small ops use the runtime's default fusion. log: called with one line per finished (model, tp) (for non-interactive runs).
     weight_format: "native" or "fp8" (`load_model(weight_format=...)`; recorded in meta.json and
-    the profile's label; a folder keeps one format).
+    the profile's label; a folder keeps one format). attention_ws: "auto", "on" or "off", the
+    Gluon tree attention for many-row forwards (`load_model(attention_ws=...)`; in meta.json).
     """
     if device not in ("cpu", "cuda"):
         raise UserError(f"unknown device {device!r}: choose cpu or cuda")
@@ -535,13 +539,20 @@ def profile_compute(
         if not vals or any(v < 1 for v in vals):
             raise UserError(f"{name} needs positive integers, got {list(vals)}")
     timing = timing or TimingConfig.for_device(device)
-    from swiftspec.runtime.weights import WEIGHT_FORMATS, kernel_settings, resolve_kernels
+    from swiftspec.runtime.weights import (
+        WEIGHT_FORMATS,
+        kernel_settings,
+        resolve_attention_ws,
+        resolve_kernels,
+    )
 
     attention, fusion = resolve_kernels(device, attention)
+    ws_rows = resolve_attention_ws(device, attention_ws, attention)
     # what the profiled forwards run: the device defaults, with the attention asked for
     if weight_format not in WEIGHT_FORMATS:
         raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
-    kernels = {**kernel_settings(device, weight_format), "attention": attention, "fusion": fusion}
+    kernels = {**kernel_settings(device, weight_format), "attention": attention, "fusion": fusion,
+               "attention_ws": "on" if ws_rows else "off"}
     if attention != "triton":
         kernels["attention_combine"] = "-"
     parsed = _parse_models(models)
@@ -566,7 +577,7 @@ def profile_compute(
             continue
         seen.setdefault(key, name)
         for tp in grid.tps:
-            jobs.append(ShardJob(name, source, spec, tp, grid, done, attention, weight_format))
+            jobs.append(ShardJob(name, source, spec, tp, grid, done, attention, weight_format, attention_ws))
     host_keys = [("host", m.value, 1, 0, 0) for m in HOST_MODES] if host else []
 
     fh = partial_path.open("a", newline="")

@@ -200,11 +200,33 @@ def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
     return linear
 
 
+ATTENTION_WS_CHOICES = ("auto", "on", "off")
+# Rows (tokens x group) per KV head from which the Gluon tree attention runs when on: from 128 it
+# made the Llama-3-8B step 1.2-2.6 % faster at 32-128 tokens, at 64 rows it lost 0.2 % at kv 1024
+# (H100, paired, bench_step_kernels-2026-12-06j).
+ATTENTION_WS_ROWS = 128
 PDL_CHOICES = ("auto", "on", "late", "off")
 FOLD_NORM_CHOICES = ("auto", "on", "off")
 SWIGLU_CHOICES = ("auto", "on", "off")
 ROPE_CHOICES = ("auto", "on", "off")
 WEIGHT_FORMATS = ("native", "fp8")
+
+
+def resolve_attention_ws(device: str | torch.device, attention_ws: str = "auto", attention: str = "triton") -> int:
+    """Rows per KV head from which tree attention takes the warp-specialized Gluon kernel
+    (`kernels.tree_attention_ws`; 0: never). "on": `ATTENTION_WS_ROWS` (needs CUDA and attention
+    "triton"; forwards the Gluon kernel cannot run, not sm_90 or not bf16/fp16, keep the Triton
+    kernel); "off": 0; "auto": 0 for now. It was measured faster, but the bundled `h200-measured`
+    profile predicts the Triton kernel, and a default must match the profile that predicts it.
+    It becomes "on" once the forwards of >= 32 tokens are re-profiled with it on an H200
+    (`profile compute --attention-ws on`; benchmarks/README, Pending 10)."""
+    if attention_ws not in ATTENTION_WS_CHOICES:
+        raise UserError(f"attention_ws must be one of {', '.join(ATTENTION_WS_CHOICES)}, got {attention_ws!r}")
+    if attention_ws != "on":
+        return 0
+    if torch.device(device).type != "cuda" or attention != "triton":
+        raise UserError("attention_ws 'on' needs a CUDA GPU and attention 'triton'")
+    return ATTENTION_WS_ROWS
 
 
 def resolve_pdl(device: str | torch.device, pdl: str = "auto", fusion: str = "triton",
@@ -283,8 +305,8 @@ def resolve_rope(device: str | torch.device, rope: str = "auto", linear: str = "
     return rope == "on"
 
 
-KERNEL_SETTINGS = ("attention", "attention_combine", "fold_norm", "fusion", "linear", "pdl", "rope", "swiglu",
-                   "tree_growth", "weight_format")
+KERNEL_SETTINGS = ("attention", "attention_combine", "attention_ws", "fold_norm", "fusion", "linear", "pdl", "rope",
+                   "swiglu", "tree_growth", "weight_format")
 
 
 def kernel_settings(device: str | torch.device, weight_format: str = "native") -> dict[str, str]:
@@ -297,7 +319,9 @@ def kernel_settings(device: str | torch.device, weight_format: str = "native") -
     swiglu = resolve_swiglu(device, linear=linear, fusion=fusion, weight_format=weight_format)
     rope = resolve_rope(device, linear=linear, fusion=fusion, weight_format=weight_format)
     pdl = resolve_pdl(device, fusion=fusion, weight_format=weight_format)
+    ws = resolve_attention_ws(device, attention=attention)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
+            "attention_ws": "on" if ws else "off",
             "fold_norm": "tp1" if fold else "off", "fusion": fusion, "linear": linear,
             "pdl": {True: "on", "late": "late"}.get(pdl, "off"), "rope": "on" if rope else "off",
             "swiglu": "on" if swiglu else "off",
@@ -327,6 +351,7 @@ def load_model(
     fusion: str = "auto",
     linear: str = "auto",
     pdl: str = "auto",
+    attention_ws: str = "auto",
     fold_norm: str = "auto",
     swiglu: str = "auto",
     rope: str = "auto",
@@ -346,6 +371,9 @@ def load_model(
     linear: "auto" (see `resolve_linear`), "torch" or "triton" (see `Transformer.set_linear`).
 
     pdl: "auto" (see `resolve_pdl`), "on", "late" or "off" (see `Transformer.set_pdl`).
+
+    attention_ws: "auto" (see `resolve_attention_ws`), "on" or "off": forwards of many rows per KV
+    head through the Gluon tree attention (`Transformer.set_attention(..., ws_rows=)`).
 
     fold_norm: "auto" (see `resolve_fold_norm`), "on" or "off"; applied after the weights are read.
 
@@ -382,6 +410,7 @@ def load_model(
         check_fold_norm(weight_format, linear)
     act = resolve_swiglu(device, swiglu, linear, fusion, weight_format)
     rot = resolve_rope(device, rope, linear, fusion, weight_format)
+    ws_rows = resolve_attention_ws(device, attention_ws, attention)
     model = Transformer(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention,
         weight_format=weight_format,
@@ -389,6 +418,8 @@ def load_model(
     model.set_fusion(fusion)
     model.set_linear(linear, swiglu=act, rope=rot)
     model.set_pdl(resolve_pdl(device, pdl, fusion, weight_format))
+    if ws_rows:
+        model.set_attention(attention, ws_rows=ws_rows)
     _fill(model, read, names)
     if fold:  # the norm weights fold into the GEMM weights, so after those are read
         model.set_linear(linear, fold_norm=True, swiglu=act, rope=rot)
