@@ -521,6 +521,14 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def prefix_tensor(prefix_len: torch.Tensor | int, device: torch.device) -> torch.Tensor:
+    """prefix_len as the (1,) device tensor the kernels read: a view of a tensor (the kernel reads
+    the live value at graph replay time), or a new int32 tensor for an int."""
+    if isinstance(prefix_len, torch.Tensor):
+        return prefix_len.reshape(1)
+    return torch.full((1,), int(prefix_len), dtype=torch.int32, device=device)
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -720,10 +728,7 @@ def tree_attention(
         raise ValueError("q, k_cache and v_cache need a contiguous last dimension")
     device = q.device
     check_pdl(pdl, device)
-    if isinstance(prefix_len, torch.Tensor):
-        prefix = prefix_len.reshape(1)  # a view: the kernel reads the live value at replay time
-    else:
-        prefix = torch.full((1,), int(prefix_len), dtype=torch.int32, device=device)
+    prefix = prefix_tensor(prefix_len, device)
     if packed_mask is None:
         packed_mask = pack_tree_mask(tree_mask, pdl=pdl)
     if out is None:

@@ -37,7 +37,6 @@ caches start zeroed (`KVCache`), so they do.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -64,7 +63,7 @@ except Exception as e:  # noqa: BLE001 - any import failure means "not available
     GLUON_ERROR = f"{type(e).__name__}: {e}"
 
 from swiftspec.kernels.pdl import launch_options, pdl_mode
-from swiftspec.kernels.tree_attention import _combine_kernel, pack_tree_mask
+from swiftspec.kernels.tree_attention import _combine_kernel, _num_sms, pack_tree_mask, prefix_tensor
 
 ROWS_PER_PROGRAM = 128  # two consumer warpgroups x 64 rows (one m64 wgmma each)
 CONSUMER_ROWS = 64
@@ -282,11 +281,6 @@ if not GLUON_ERROR:
         )
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def default_splits(rows: int, hkv: int, max_len: int, block_n: int, num_sms: int) -> int:
     """Splits so that the programs fill the SMs about once (one program per SM: its K/V ring takes
     most of the shared memory, its 12 warps most of the registers), at most one per key block."""
@@ -332,17 +326,14 @@ def tree_attention_ws(
     device = q.device
     group = hq // hkv
     rows = t * group
-    if isinstance(prefix_len, torch.Tensor):
-        prefix = prefix_len.reshape(1)
-    else:
-        prefix = torch.full((1,), int(prefix_len), dtype=torch.int32, device=device)
+    prefix = prefix_tensor(prefix_len, device)
     if packed_mask is None:
-        packed_mask = pack_tree_mask(tree_mask)
+        packed_mask = pack_tree_mask(tree_mask, pdl=pdl)
     if out is None:
         out = torch.empty_like(q)
     if t == 0:
         return out
-    splits = num_splits or default_splits(rows, hkv, max_len, block_n, _num_sms(device.index or 0))
+    splits = num_splits or default_splits(rows, hkv, max_len, block_n, _num_sms(device))
     part_ml = torch.empty((splits, hkv, rows, 2), dtype=torch.float32, device=device)
     part_acc = torch.empty((splits, hkv, rows, d), dtype=torch.float32, device=device)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
