@@ -46,6 +46,7 @@ PY=${PY:-python3}
 MODELS=${MODELS:-Llama-3-70B,Llama-3-8B,Llama-3.2-3B,Llama-3.2-1B,Qwen2-72B,Qwen2-1.5B,Llama-3.3-70B,R1-Distill-Llama-70B,R1-Distill-Llama-8B,R1-Distill-Qwen-1.5B,R1-Distill-Qwen-32B,deepseek-coder-33b,deepseek-coder-1.3b}
 EXTRA=${EXTRA:-}  # e.g. EXTRA="--quick" for a smoke test
 ATTENTION=${ATTENTION:-auto}  # the runtime's default (Triton kernels on CUDA); ATTENTION=torch profiles SDPA
+ATTENTION_WS=${ATTENTION_WS:-auto}  # on: the Gluon tree attention from 128 rows per KV head (sm_90)
 WEIGHT_FORMAT=${WEIGHT_FORMAT:-native}  # fp8: weight-only fp8 shards (give another OUT: a folder keeps one format)
 
 t0=$(date +%s)
@@ -53,7 +54,7 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null || true
 
 $PY -m swiftspec profile compute --device "$DEVICE" --models "$MODELS" -o "$P" --time-budget "$BUDGET" \
-    --attention "$ATTENTION" --weight-format "$WEIGHT_FORMAT" $EXTRA \
+    --attention "$ATTENTION" --attention-ws "$ATTENTION_WS" --weight-format "$WEIGHT_FORMAT" $EXTRA \
     2>&1 | tee "$OUT/compute.log"
 echo "compute done after $(( $(date +%s) - t0 )) s"
 

@@ -241,6 +241,32 @@ def test_kernels_step_panel_from_bench_step_kernels(tmp_path):
     assert "Llama-3-8B, triton+gemv+fp8" in labels and "Llama-3.2-1B, triton+gemv" in labels
 
 
+def test_kernels_ws_panel_and_paired_steps(tmp_path):
+    """The Gluon-vs-Triton panel (bench_attention_ws results: its rows never reach the kv panels,
+    whose floors are another GPU's), each attention panel naming its GPU, and the step panel from a
+    --paired run (its `paired` rows are each fusion's own medians)."""
+    ws = RESULTS / "attention_ws_2026-12-06.json"
+    grid = sorted(f for f in RESULTS.glob("kernels_2*.json"))[-1]
+    paired = RESULTS / "bench_step_kernels-2026-12-06j.csv"
+    assert ws.name in kernels_study.load_results([])[2]  # the default inputs take the newest one
+    assert kernels_study._ws_files(RESULTS)[-1].stem == "attention_ws_2026-12-06"  # not its _sweep files
+    k, s, _ = kernels_study.load_results([grid, ws, paired])
+    mine = k[k["impl"].str.startswith("ws:")]
+    assert set(mine["impl"]) == {"ws:triton", "ws:ws"} and set(mine["gpu"]) == {"H100 80GB HBM3"}
+    assert set(k[~k["impl"].str.startswith("ws:")]["gpu"]) == {"H200"}
+    raw = pd.read_csv(paired)
+    assert len(s) == (raw["kind"] == "paired").sum() and set(s["gpu"]) == {"H100 80GB HBM3"}
+    out = kernels_study.main([grid, ws, paired], tmp_path)
+    assert [a[1:] for a in out.axes][2] == ("shape (heads, kv length, queries)", "tree attention latency (µs)")
+    fig = kernels_study.draw(k, s, "t")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0].endswith(", H200") and "Gluon vs Triton, H100" in titles[2] and titles[3].endswith("H100 80GB HBM3")
+    bars = [p.get_height() for p in fig.axes[2].patches]
+    assert len(bars) == 2 * mine[["kv", "queries", "heads"]].drop_duplicates().shape[0]
+    goal = mine[(mine.kv == 16384) & (mine.queries == 64) & (mine.heads == "32/8")].set_index("impl")["us"]
+    assert goal["ws:ws"] < goal["ws:triton"] and goal["ws:ws"] in bars
+
+
 def test_kernels_wrong_file_is_user_error(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     with pytest.raises(UserError, match="neither a kernel benchmark"):

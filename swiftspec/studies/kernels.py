@@ -9,19 +9,27 @@ Inputs (files, or folders holding them; default: the newest `kernels_*.json` and
   bench_step-<tag>.csv         (benchmarks/bench_step.py) rows: model, tokens, kv_len, attention,
                                impl, median_ms, floor_ms; one decoder forward (CUDA graph replay),
                                floor = weight + KV bytes / copy bandwidth.
-  bench_step_kernels-<date>.csv (benchmarks/bench_step_kernels.py) its `kind` = step rows: the
-                               runtime's step per `fusion` (e.g. triton+gemv, the CUDA default;
+  attention_ws_<date>.json / .csv (benchmarks/bench_attention_ws.py) rows: kv, queries, heads,
+                               impl, us, floor_us; impl `triton` (split-KV) and `ws` (the Gluon
+                               warp-specialized kernel) on the many-row shapes, one GPU per file
+                               (its `metadata.gpu`; the `_sweep` / `_bn128` / ... variants are
+                               tile sweeps, taken only when named with -i).
+  bench_step_kernels-<date>.csv (benchmarks/bench_step_kernels.py) its `kind` = step (or, from a
+                               --paired run, paired) rows: the runtime's step per `fusion` (e.g. triton+gemv, the CUDA default;
                                triton+gemv+fp8, weight-only fp8 against its own one-byte floor),
                                median over its rounds.
 
 Panels: tree attention µs vs kv length for 32/8 and 8/1 heads (median over query counts, bars
-from the fewest to the most queries), and a whole forward's ms vs tokens per model and attention
-back end at the smallest kv length, each with its floor.
+from the fewest to the most queries); the Gluon kernel against the Triton one per many-row shape
+(bars, its floor as a tick); and a whole forward's ms vs tokens per model and attention back end at
+the smallest kv length, each with its floor. Each attention panel names the GPU its file was
+measured on (files of different GPUs are never drawn in one panel's floor).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +45,7 @@ STEP_COLUMNS = ("model", "tokens", "kv_len", "attention", "impl", "median_ms", "
 ATTN_IMPLS = {"sdpa_mask": ("torch SDPA, boolean tree mask", "tab:gray"),
               "sdpa_nomask": ("torch SDPA, no mask", "0.6"),
               "triton": ("swiftspec Triton split-KV", "tab:red")}
+WS_IMPLS = {"triton": ("Triton split-KV", "tab:red"), "ws": ("Gluon warp-specialized", "tab:blue")}
 STEP_KERNEL_COLUMNS = ("kind", "model", "kv_len", "fusion", "tokens", "median_ms", "floor_ms")
 STEP_IMPL = "swiftspec-replay"  # CUDA-graph replay of the runtime's forward (what the runtime does)
 
@@ -67,6 +76,24 @@ def _kernel_files(folder: Path) -> list[Path]:
     return sorted(f for f in folder.glob("kernels_*.json") if not f.name.startswith(("kernels_fit_", "kernels_tiles_")))
 
 
+def _ws_files(folder: Path) -> list[Path]:
+    """bench_attention_ws.py results in date order, without its tile sweeps (`_sweep`, `_bn128`, ...)."""
+    return sorted(f for f in folder.glob("attention_ws_*.json") if re.fullmatch(r"attention_ws_[\d-]+[a-z]?", f.stem))
+
+
+def _gpu_of(path: Path) -> str:
+    """The GPU a result file was measured on: its JSON `metadata.gpu` or `meta.gpu` (a CSV: the JSON
+    beside it), or ""."""
+    src = path.with_suffix(".json")
+    try:
+        d = json.loads(src.read_text()) if src.exists() else {}
+    except ValueError:
+        return ""
+    meta = (d.get("metadata") or d.get("meta") or {}) if isinstance(d, dict) else {}
+    gpu = meta.get("gpu", "") if isinstance(meta, dict) else ""
+    return str(gpu).replace("NVIDIA ", "")
+
+
 def _step_files(folder: Path, newest: bool = False) -> list[Path]:
     """Step results: the bench_step_kernels CSVs (the newest alone if `newest`), else bench_step's."""
     bsk = sorted(folder.glob("bench_step_kernels-*.csv"))
@@ -77,8 +104,9 @@ def _step_files(folder: Path, newest: bool = False) -> list[Path]:
 
 def _step_kernel_rows(df: pd.DataFrame) -> pd.DataFrame:
     """bench_step_kernels rows -> the step panel's columns: `attention` names the fusion mode
-    (the line style), the median over rounds per (model, fusion, tokens, kv_len)."""
-    s = df[df["kind"] == "step"]
+    (the line style), the median over rounds per (model, fusion, tokens, kv_len). Its `kind` =
+    step rows, and the `paired` rows of a --paired run (each fusion's own median over rounds)."""
+    s = df[df["kind"].isin(["step", "paired"])]
     keys = ["model", "fusion", "tokens", "kv_len"]
     s = s.groupby(keys, as_index=False)[["median_ms", "floor_ms"]].median()
     return s.rename(columns={"fusion": "attention"}).assign(impl=STEP_IMPL)
@@ -91,22 +119,27 @@ def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
         p = Path(raw)
         if not p.exists():
             raise UserError(f"study {NAME}: -i {p} not found")
-        files += _kernel_files(p) + _step_files(p) if p.is_dir() else [p]
+        files += _kernel_files(p) + _ws_files(p) + _step_files(p) if p.is_dir() else [p]
     if not inputs:
         d = results_dir()
-        kern = _kernel_files(d) if d.is_dir() else []
-        files = kern[-1:] + (_step_files(d, newest=True) if d.is_dir() else [])
+        kern, ws = (_kernel_files(d), _ws_files(d)) if d.is_dir() else ([], [])
+        files = kern[-1:] + ws[-1:] + (_step_files(d, newest=True) if d.is_dir() else [])
         if not files:
             raise UserError(f"study {NAME}: no benchmark results in {d}: give -i kernels_<date>.json bench_step-<tag>.csv")
     kernels, steps = [], []
     for f in files:
         df = _read_table(f)
-        if "floor_us" in df.columns or f.name.startswith("kernels_"):
-            kernels.append(_check(df, KERNEL_COLUMNS, f))
+        if f.name.startswith("attention_ws_"):
+            # the many-row comparison panel: its own impl names, so the kv panels never mix it in
+            df = _check(df, KERNEL_COLUMNS, f)
+            df = df[df["impl"].isin(list(WS_IMPLS))]
+            kernels.append(df.assign(impl="ws:" + df["impl"], gpu=_gpu_of(f)))
+        elif "floor_us" in df.columns or f.name.startswith("kernels_"):
+            kernels.append(_check(df, KERNEL_COLUMNS, f).assign(gpu=_gpu_of(f)))
         elif f.name.startswith("bench_step_kernels") or "fusion" in df.columns:
-            steps.append(_step_kernel_rows(_check(df, STEP_KERNEL_COLUMNS, f)).assign(source=f.stem))
+            steps.append(_step_kernel_rows(_check(df, STEP_KERNEL_COLUMNS, f)).assign(source=f.stem, gpu=_gpu_of(f)))
         elif "floor_ms" in df.columns or f.name.startswith("bench_step"):
-            steps.append(_check(df, STEP_COLUMNS, f).assign(source=f.stem))
+            steps.append(_check(df, STEP_COLUMNS, f).assign(source=f.stem, gpu=_gpu_of(f)))
         else:
             raise UserError(f"{f} is neither a kernel benchmark (floor_us) nor a step benchmark (floor_ms) result")
     k = pd.concat(kernels, ignore_index=True) if kernels else pd.DataFrame(columns=KERNEL_COLUMNS)
@@ -117,12 +150,15 @@ def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
 
 
 def draw(kernels: pd.DataFrame, steps: pd.DataFrame, title: str):
-    heads = [h for h in ("32/8", "8/1") if h in set(kernels.get("heads", []))]
-    n = len(heads) + (1 if len(steps) else 0)
+    impl = kernels.get("impl", pd.Series(dtype=str)).astype(str)
+    ws = kernels[impl.str.startswith("ws:")]
+    grid = kernels[~impl.str.startswith("ws:")]
+    heads = [h for h in ("32/8", "8/1") if h in set(grid.get("heads", []))]
+    n = len(heads) + (1 if len(ws) else 0) + (1 if len(steps) else 0)
     fig = new_figure(4.6 * max(n, 1), 4.8)
     axes = list(fig.subplots(1, max(n, 1), squeeze=False)[0])
     for ax, h in zip(axes, heads):
-        k = kernels[kernels["heads"] == h]
+        k = grid[grid["heads"] == h]
         for impl, (label, color) in ATTN_IMPLS.items():
             g = k[k["impl"] == impl].groupby("kv")["us"]
             if not len(g):
@@ -137,11 +173,13 @@ def draw(kernels: pd.DataFrame, steps: pd.DataFrame, title: str):
         ax.set_xlabel("kv length (cached tokens)")
         ax.set_ylabel("tree attention latency (µs)")
         q = sorted(k["queries"].unique())
-        ax.set_title(f"tree attention, {h} heads, D 128 ({q[0]}-{q[-1]} queries)", fontsize=9)
+        ax.set_title(f"tree attention, {h} heads, D 128 ({q[0]}-{q[-1]} queries){_gpus(k)}", fontsize=9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
+    if len(ws):
+        _draw_ws(axes[len(heads)], ws)
     if len(steps):
-        ax = axes[len(heads)]
+        ax = axes[len(heads) + (1 if len(ws) else 0)]
         kv = int(steps["kv_len"].min())
         s = steps[(steps["impl"] == STEP_IMPL) & (steps["kv_len"] == kv)]
         if s.empty:  # an older result without replay rows: the captured graph
@@ -160,11 +198,40 @@ def draw(kernels: pd.DataFrame, steps: pd.DataFrame, title: str):
         ax.set_yscale("log")
         ax.set_xlabel("tokens per forward")
         ax.set_ylabel("decoder forward latency (ms)")
-        ax.set_title(f"one forward (CUDA graph replay), kv {kv}", fontsize=9)
+        ax.set_title(f"one forward (CUDA graph replay), kv {kv}{_gpus(s)}", fontsize=9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+def _gpus(k: pd.DataFrame) -> str:
+    gpus = sorted({g for g in k.get("gpu", pd.Series(dtype=str)).fillna("") if g})
+    return f", {' + '.join(gpus)}" if gpus else ""
+
+
+def _draw_ws(ax, ws: pd.DataFrame) -> None:
+    """Gluon against Triton per many-row shape (median µs of the file's rows), floor as a tick.
+    Several files (GPUs): the newest per shape and impl, since floors differ between GPUs."""
+    ws = ws.drop_duplicates(["kv", "queries", "heads", "impl"], keep="last")
+    shapes = ws.sort_values(["heads", "kv", "queries"])[["kv", "queries", "heads"]].drop_duplicates()
+    x = range(len(shapes))
+    width = 0.8 / len(WS_IMPLS)
+    for i, (impl, (label, color)) in enumerate(WS_IMPLS.items()):
+        us = [ws[(ws["kv"] == r.kv) & (ws["queries"] == r.queries) & (ws["heads"] == r.heads)
+                 & (ws["impl"] == f"ws:{impl}")]["us"].median() for r in shapes.itertuples()]
+        ax.bar([j + (i - (len(WS_IMPLS) - 1) / 2) * width for j in x], us, width, color=color, label=label)
+    floor = [ws[(ws["kv"] == r.kv) & (ws["queries"] == r.queries) & (ws["heads"] == r.heads)]["floor_us"].median()
+             for r in shapes.itertuples()]
+    ax.plot(list(x), floor, "k_", ms=14, mew=2, ls="none", label="HBM floor (bytes / copy bandwidth)")
+    ax.set_xticks(list(x), [f"{r.heads} kv{int(r.kv)} q{int(r.queries)}" for r in shapes.itertuples()],
+                  rotation=60, ha="right", fontsize=6)
+    ax.set_yscale("log")
+    ax.set_xlabel("shape (heads, kv length, queries)")
+    ax.set_ylabel("tree attention latency (µs)")
+    ax.set_title(f"many-row shapes, Gluon vs Triton{_gpus(ws)}", fontsize=9)
+    ax.grid(alpha=0.3, which="both", axis="y")
+    ax.legend(fontsize=6, loc="lower left")
 
 
 def main(inputs: Sequence[str | Path] = (), out_dir: str | Path = ".", progress: Progress = None) -> StudyOutput:
