@@ -179,3 +179,35 @@ def test_model_falls_back_where_the_ws_kernel_cannot_run(make_checkpoint):
         cache = KVCache(model.spec, model.shard, 16, "cpu", torch.float32)
         out.append(model(prompt, ar, cache, ar, 0, causal))
     assert torch.equal(out[0], out[1])
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or bool(ws.GLUON_ERROR),
+                    reason="the Triton attention on CPU needs TRITON_INTERPRET=1; ws_rows needs Gluon")
+def test_model_gates_the_ws_kernel_by_rows_and_tokens(make_checkpoint):
+    """`ws_rows` and `ws_min_tokens` both gate the Gluon kernel: with its refusal and the kernel
+    replaced by a recorder (which runs the Triton kernel, so the logits are unchanged), a forward
+    takes it only with at least ws_min_tokens tokens and ws_rows rows (tokens x group) per KV head,
+    once per layer."""
+    from swiftspec.kernels.tree_attention import tree_attention
+    from swiftspec.runtime.kv_cache import KVCache
+    from swiftspec.runtime.weights import load_model
+
+    model = load_model(make_checkpoint("llama"), attention="triton", fusion="off", linear="torch")
+    group = model.shard.q_heads // model.shard.kv_heads
+    layers = model.spec.num_layers
+    prompt = torch.tensor([3, 14, 15, 92, 65, 35])
+    for ws_rows, min_tokens, want in ((1, 4, {6: layers, 2: 0}), (3 * group, 0, {6: layers, 2: 0}),
+                                      (1, 0, {6: layers, 2: layers}), (7 * group, 0, {6: 0, 2: 0})):
+        model.set_attention("triton", ws_rows=ws_rows, ws_min_tokens=min_tokens)
+        calls = []
+        model._ws_check = lambda *a: ""
+        model._ws_kernel = lambda q, *a, calls=calls, pdl=False, **k: calls.append(q.shape[0]) or tree_attention(
+            q, *a, **k)
+        cache = KVCache(model.spec, model.shard, 16, "cpu", torch.float32)
+        got = {}
+        for n, start in ((6, 0), (2, 6)):
+            before = len(calls)
+            toks, pos = prompt[:n], start + torch.arange(n)
+            model(toks, pos, cache, pos, start, torch.ones(n, n, dtype=torch.bool).tril())
+            got[n] = len(calls) - before
+        assert got == want, (ws_rows, min_tokens, got)

@@ -248,8 +248,9 @@ def test_kernels_ws_panel_and_paired_steps(tmp_path):
     ws = RESULTS / "attention_ws_2026-12-06.json"
     grid = sorted(f for f in RESULTS.glob("kernels_2*.json"))[-1]
     paired = RESULTS / "bench_step_kernels-2026-12-06j.csv"
-    assert ws.name in kernels_study.load_results([])[2]  # the default inputs take the newest one
-    assert kernels_study._ws_files(RESULTS)[-1].stem == "attention_ws_2026-12-06"  # not its _sweep files
+    found = kernels_study._ws_files(RESULTS)
+    assert ws in found and not [f for f in found if "_sweep" in f.name or "_bn128" in f.name]
+    assert found[-1].name in kernels_study.load_results([])[2]  # the default inputs take the newest one
     k, s, _ = kernels_study.load_results([grid, ws, paired])
     mine = k[k["impl"].str.startswith("ws:")]
     assert set(mine["impl"]) == {"ws:triton", "ws:ws"} and set(mine["gpu"]) == {"H100 80GB HBM3"}
@@ -265,6 +266,8 @@ def test_kernels_ws_panel_and_paired_steps(tmp_path):
     assert len(bars) == 2 * mine[["kv", "queries", "heads"]].drop_duplicates().shape[0]
     goal = mine[(mine.kv == 16384) & (mine.queries == 64) & (mine.heads == "32/8")].set_index("impl")["us"]
     assert goal["ws:ws"] < goal["ws:triton"] and goal["ws:ws"] in bars
+    _, s70, _ = kernels_study.load_results([RESULTS / "bench_step_kernels-2026-12-06n.csv"])
+    assert set(s70["model"]) == {"Llama-3-70B TP 8"}  # a shard says so
 
 
 def test_kernels_wrong_file_is_user_error(tmp_path):

@@ -353,7 +353,7 @@ class Transformer(nn.Module):
             self._workspace = TreeAttentionWorkspace(self.device)
 
     def set_attention(self, impl: str, combine: str = ATTENTION_COMBINE, max_block_m: int = 128,
-                      tma: bool | None = None, ws_rows: int = 0) -> None:
+                      tma: bool | None = None, ws_rows: int = 0, ws_min_tokens: int = 0) -> None:
         """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
         (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`, whose
         split-KV partials are merged by `combine` ("separate": a second launch, the default;
@@ -361,7 +361,8 @@ class Transformer(nn.Module):
         2026-12-03 tile sweep and tma=False its plain K/V loads (benchmarks' A/B runs).
         ws_rows > 0 (with "triton"): forwards of at least ws_rows rows (tokens x group) per KV head
         take the warp-specialized Gluon kernel (`kernels.tree_attention_ws`) where it can run (an
-        sm_90 GPU, bf16/fp16; `check_ws`); opt-in while it is measured."""
+        sm_90 GPU, bf16/fp16; `check_ws`), if they also have at least ws_min_tokens tokens; opt-in
+        while it is measured."""
         if impl not in ATTENTION_IMPLS:
             raise UserError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         if combine not in ("separate", "kernel"):
@@ -369,7 +370,7 @@ class Transformer(nn.Module):
         self.attn_combine = combine
         self.attn_max_block_m, self.attn_tma = max_block_m, tma
         self._kernel = self._pack = self._ws_kernel = None
-        self.attn_ws_rows = ws_rows
+        self.attn_ws_rows, self.attn_ws_min_tokens = ws_rows, ws_min_tokens
         if impl == "triton" and ws_rows > 0:
             from swiftspec.kernels.tree_attention_ws import GLUON_ERROR, check_ws, tree_attention_ws
 
@@ -458,7 +459,7 @@ class Transformer(nn.Module):
         if allowed is not None:
             return sdpa_tree_attention(q, kc, vc, allowed, self.scale)
         if self._ws_kernel is not None and q.shape[0] * (q.shape[1] // kc.shape[0]) >= self.attn_ws_rows \
-                and not self._ws_check(q, kc, vc):
+                and q.shape[0] >= self.attn_ws_min_tokens and not self._ws_check(q, kc, vc):
             return self._ws_kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed,
                                    pdl=bool(self.pdl))
         if self._kernel is not None:

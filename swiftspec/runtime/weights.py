@@ -201,10 +201,14 @@ def resolve_linear(device: str | torch.device, linear: str = "auto") -> str:
 
 
 ATTENTION_WS_CHOICES = ("auto", "on", "off")
-# Rows (tokens x group) per KV head from which the Gluon tree attention runs when on: from 128 it
-# made the Llama-3-8B step 1.2-2.6 % faster at 32-128 tokens, at 64 rows it lost 0.2 % at kv 1024
-# (H100, paired, bench_step_kernels-2026-12-06j).
+# Rows (tokens x group) per KV head and tokens per forward from which the Gluon tree attention runs
+# when on (H100, paired): from 128 rows it made the Llama-3-8B step 1.1-2.7 % faster at 32-128
+# tokens, at 64 rows it lost 0.2 % at kv 1024 (bench_step_kernels-2026-12-06j, -06k); the
+# Llama-3.2-1B step 0.6-5.8 % faster at 32-128 tokens (-06m). On the 70B TP-8 shard (group 8: 128
+# rows at 16 tokens) it lost 1.8-2.6 % at 16 tokens and kv 1024, a single KV head's tile leaving
+# most SMs idle, and won 1.3-3.9 % from 64 tokens (-06l, -06n): hence the 32 tokens.
 ATTENTION_WS_ROWS = 128
+ATTENTION_WS_MIN_TOKENS = 32
 PDL_CHOICES = ("auto", "on", "late", "off")
 FOLD_NORM_CHOICES = ("auto", "on", "off")
 SWIGLU_CHOICES = ("auto", "on", "off")
@@ -215,8 +219,8 @@ WEIGHT_FORMATS = ("native", "fp8")
 def resolve_attention_ws(device: str | torch.device, attention_ws: str = "auto", attention: str = "triton") -> int:
     """Rows per KV head from which tree attention takes the warp-specialized Gluon kernel
     (`kernels.tree_attention_ws`; 0: never). "on": `ATTENTION_WS_ROWS` (needs CUDA and attention
-    "triton"; forwards the Gluon kernel cannot run, not sm_90 or not bf16/fp16, keep the Triton
-    kernel); "off": 0; "auto": 0 for now. It was measured faster, but the bundled `h200-measured`
+    "triton"; `load_model` adds `ATTENTION_WS_MIN_TOKENS`; forwards the Gluon kernel cannot run,
+    not sm_90 or not bf16/fp16, keep the Triton kernel); "off": 0; "auto": 0 for now. It was measured faster, but the bundled `h200-measured`
     profile predicts the Triton kernel, and a default must match the profile that predicts it.
     It becomes "on" once the forwards of >= 32 tokens are re-profiled with it on an H200
     (`profile compute --attention-ws on`; benchmarks/README, Pending 10)."""
@@ -373,7 +377,8 @@ def load_model(
     pdl: "auto" (see `resolve_pdl`), "on", "late" or "off" (see `Transformer.set_pdl`).
 
     attention_ws: "auto" (see `resolve_attention_ws`), "on" or "off": forwards of many rows per KV
-    head through the Gluon tree attention (`Transformer.set_attention(..., ws_rows=)`).
+    head (`ATTENTION_WS_ROWS`) and at least `ATTENTION_WS_MIN_TOKENS` tokens through the Gluon
+    tree attention (`Transformer.set_attention(..., ws_rows=, ws_min_tokens=)`).
 
     fold_norm: "auto" (see `resolve_fold_norm`), "on" or "off"; applied after the weights are read.
 
@@ -419,7 +424,7 @@ def load_model(
     model.set_linear(linear, swiglu=act, rope=rot)
     model.set_pdl(resolve_pdl(device, pdl, fusion, weight_format))
     if ws_rows:
-        model.set_attention(attention, ws_rows=ws_rows)
+        model.set_attention(attention, ws_rows=ws_rows, ws_min_tokens=ATTENTION_WS_MIN_TOKENS)
     _fill(model, read, names)
     if fold:  # the norm weights fold into the GEMM weights, so after those are read
         model.set_linear(linear, fold_norm=True, swiglu=act, rope=rot)

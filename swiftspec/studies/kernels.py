@@ -107,6 +107,9 @@ def _step_kernel_rows(df: pd.DataFrame) -> pd.DataFrame:
     (the line style), the median over rounds per (model, fusion, tokens, kv_len). Its `kind` =
     step rows, and the `paired` rows of a --paired run (each fusion's own median over rounds)."""
     s = df[df["kind"].isin(["step", "paired"])]
+    if "tp" in s.columns:  # a TP shard (communication skipped) is labelled as one
+        tp = s["tp"].fillna(1).astype(int)
+        s = s.assign(model=s["model"].where(tp == 1, s["model"] + " TP " + tp.astype(str)))
     keys = ["model", "fusion", "tokens", "kv_len"]
     s = s.groupby(keys, as_index=False)[["median_ms", "floor_ms"]].median()
     return s.rename(columns={"fusion": "attention"}).assign(impl=STEP_IMPL)
