@@ -220,8 +220,9 @@ def resolve_attention_ws(device: str | torch.device, attention_ws: str = "auto",
     """Rows per KV head from which tree attention takes the warp-specialized Gluon kernel
     (`kernels.tree_attention_ws`; 0: never). "on": `ATTENTION_WS_ROWS` (needs CUDA and attention
     "triton"; `load_model` adds `ATTENTION_WS_MIN_TOKENS`; forwards the Gluon kernel cannot run,
-    not sm_90 or not bf16/fp16, keep the Triton kernel); "off": 0; "auto": 0 for now. It was measured faster, but the bundled `h200-measured`
-    profile predicts the Triton kernel, and a default must match the profile that predicts it.
+    not sm_90 or not bf16/fp16, keep the Triton kernel); "off": 0; "auto": 0 for now. It was
+    measured faster, but the bundled `h200-measured` profile predicts the Triton kernel, and a
+    default must match the profile that predicts it.
     It becomes "on" once the forwards of >= 32 tokens are re-profiled with it on an H200
     (`profile compute --attention-ws on`; benchmarks/README, Pending 10)."""
     if attention_ws not in ATTENTION_WS_CHOICES:

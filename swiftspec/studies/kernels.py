@@ -15,9 +15,9 @@ Inputs (files, or folders holding them; default: the newest `kernels_*.json` and
                                (its `metadata.gpu`; the `_sweep` / `_bn128` / ... variants are
                                tile sweeps, taken only when named with -i).
   bench_step_kernels-<date>.csv (benchmarks/bench_step_kernels.py) its `kind` = step (or, from a
-                               --paired run, paired) rows: the runtime's step per `fusion` (e.g. triton+gemv, the CUDA default;
-                               triton+gemv+fp8, weight-only fp8 against its own one-byte floor),
-                               median over its rounds.
+                               --paired run, paired) rows: the runtime's step per `fusion` (e.g.
+                               triton+gemv, the CUDA default; triton+gemv+fp8, weight-only fp8
+                               against its own one-byte floor), median over its rounds.
 
 Panels: tree attention µs vs kv length for 32/8 and 8/1 heads (median over query counts, bars
 from the fewest to the most queries); the Gluon kernel against the Triton one per many-row shape
@@ -153,9 +153,9 @@ def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
 
 
 def draw(kernels: pd.DataFrame, steps: pd.DataFrame, title: str):
-    impl = kernels.get("impl", pd.Series(dtype=str)).astype(str)
-    ws = kernels[impl.str.startswith("ws:")]
-    grid = kernels[~impl.str.startswith("ws:")]
+    impls = kernels.get("impl", pd.Series(dtype=str)).astype(str)
+    ws = kernels[impls.str.startswith("ws:")]
+    grid = kernels[~impls.str.startswith("ws:")]
     heads = [h for h in ("32/8", "8/1") if h in set(grid.get("heads", []))]
     n = len(heads) + (1 if len(ws) else 0) + (1 if len(steps) else 0)
     fig = new_figure(4.6 * max(n, 1), 4.8)
