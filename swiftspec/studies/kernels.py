@@ -214,21 +214,21 @@ def _gpus(k: pd.DataFrame) -> str:
 
 
 def _draw_ws(ax, ws: pd.DataFrame) -> None:
-    """Gluon against Triton per many-row shape (median µs of the file's rows), floor as a tick.
-    Several files (GPUs): the newest per shape and impl, since floors differ between GPUs."""
-    ws = ws.drop_duplicates(["kv", "queries", "heads", "impl"], keep="last")
-    shapes = ws.sort_values(["heads", "kv", "queries"])[["kv", "queries", "heads"]].drop_duplicates()
-    x = range(len(shapes))
+    """Gluon against Triton per many-row shape, its floor as a tick. Several files (GPUs): the last
+    one given per shape and impl, since floors differ between GPUs."""
+    ws = ws.drop_duplicates(["heads", "kv", "queries", "impl"], keep="last")
+    shapes = ["heads", "kv", "queries"]
+    us = ws.pivot(index=shapes, columns="impl", values="us").sort_index()
+    floor = ws.groupby(shapes)["floor_us"].median().reindex(us.index)
+    x = range(len(us))
     width = 0.8 / len(WS_IMPLS)
     for i, (impl, (label, color)) in enumerate(WS_IMPLS.items()):
-        us = [ws[(ws["kv"] == r.kv) & (ws["queries"] == r.queries) & (ws["heads"] == r.heads)
-                 & (ws["impl"] == f"ws:{impl}")]["us"].median() for r in shapes.itertuples()]
-        ax.bar([j + (i - (len(WS_IMPLS) - 1) / 2) * width for j in x], us, width, color=color, label=label)
-    floor = [ws[(ws["kv"] == r.kv) & (ws["queries"] == r.queries) & (ws["heads"] == r.heads)]["floor_us"].median()
-             for r in shapes.itertuples()]
-    ax.plot(list(x), floor, "k_", ms=14, mew=2, ls="none", label="HBM floor (bytes / copy bandwidth)")
-    ax.set_xticks(list(x), [f"{r.heads} kv{int(r.kv)} q{int(r.queries)}" for r in shapes.itertuples()],
-                  rotation=60, ha="right", fontsize=6)
+        if f"ws:{impl}" in us.columns:
+            ax.bar([j + (i - (len(WS_IMPLS) - 1) / 2) * width for j in x], us[f"ws:{impl}"], width, color=color,
+                   label=label)
+    ax.plot(list(x), floor.values, "k_", ms=14, mew=2, ls="none", label="HBM floor (bytes / copy bandwidth)")
+    ax.set_xticks(list(x), [f"{h} kv{int(kv)} q{int(q)}" for h, kv, q in us.index], rotation=60, ha="right",
+                  fontsize=6)
     ax.set_yscale("log")
     ax.set_xlabel("shape (heads, kv length, queries)")
     ax.set_ylabel("tree attention latency (µs)")
