@@ -46,6 +46,7 @@ graph replays of the step: per kernel category (linear, attention, norm, rope_kv
 kernels per step and their summed µs per step, and "wall" = the replay's own time: wall minus the
 summed kernels is the time between kernels (launch gaps); with PDL, kernels overlap their
 neighbours (time spent waiting counts in their durations), so the sum can exceed the wall time.
+Rows of kind breakdown_kernel split the same replays per kernel name (`kernel`, `median_us` per call).
 
 Kernels ("kind" = kernel): each fused kernel against the eager ops it replaces and their
 torch.compile version, at the same model's shapes, 1 and 64 tokens: µs per call inside a CUDA
@@ -221,12 +222,18 @@ def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) ->
         torch.cuda.synchronize()
     wall_us = start.elapsed_time(end) * 1e3 / replays
     per: dict[str, list[float]] = {}
+    by_name: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per.setdefault(kernel_category(e.name), []).append(e.device_time)
+            by_name.setdefault(e.name, []).append(e.device_time)
     rows = [{**base, "kind": "breakdown", "category": c, "kernels_per_step": len(v) / replays,
              "us_per_step": sum(v) / replays} for c, v in sorted(per.items())]  # fmt: skip
-    busy = sum(r["us_per_step"] for r in rows)
+    # one row per kernel name too (kind breakdown_kernel), to tell e.g. an attention kernel from its combine
+    rows += [{**base, "kind": "breakdown_kernel", "category": kernel_category(n), "kernel": n[:120],
+              "kernels_per_step": len(v) / replays, "us_per_step": sum(v) / replays,
+              "median_us": statistics.median(v)} for n, v in sorted(by_name.items())]  # fmt: skip
+    busy = sum(r["us_per_step"] for r in rows if r["kind"] == "breakdown")
     rows.append({**base, "kind": "breakdown", "category": "wall", "kernels_per_step": sum(len(v) for v in per.values()) / replays,
                  "us_per_step": wall_us, "gap_us_per_step": wall_us - busy})  # fmt: skip
     return rows
@@ -512,6 +519,12 @@ def main(argv: list[str] | None = None) -> None:
                                aggfunc="first")  # fmt: skip
         with pd.option_context(*[x for kv in fmt.items() for x in kv]):
             print(f"\nµs per step by kernel category (profiler, kv {args.kv[0]}; wall = replay time)\n{btab}")
+    bk = df[df["kind"] == "breakdown_kernel"]
+    if len(bk):
+        top = bk.sort_values("us_per_step", ascending=False).groupby(["model", "tokens", "fusion"]).head(12)
+        with pd.option_context(*[x for kv in fmt.items() for x in kv], "display.max_colwidth", 60):
+            print("\nlargest kernels per step (profiler; median_us per call)\n"
+                  f"{top.set_index(['model', 'tokens', 'fusion', 'kernel'])[['kernels_per_step', 'us_per_step', 'median_us']]}")  # fmt: skip
     gemm = df[df["kind"] == "gemm_only"]
     if len(gemm):
         with pd.option_context(*[x for kv in fmt.items() for x in kv]):

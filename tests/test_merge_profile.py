@@ -134,3 +134,34 @@ def test_a_resumed_profile_with_alias_rows_merges_without_duplicates(tmp_path, n
     alias = merged[merged.model == "R1-Distill-Llama-8B"].merge(base, on=key, suffixes=("", "_base"))
     assert len(alias) == (base.model == "R1-Distill-Llama-8B").sum()
     assert ((alias.ms / alias.ms_base).round(6) == 0.9).all()
+
+
+def test_ws_resume_partial_drops_exactly_the_forwards_the_gluon_rule_takes(tmp_path):
+    """The partial to resume a Gluon-attention re-profile from keeps every row the rule leaves
+    alone and drops the others: forwards of >= 32 tokens and >= 128 rows per KV head on shards
+    whose group divides 64 (Llama-3-8B group 4 from 32 tokens; Qwen2-1.5B TP 6 group 2 from 64;
+    Llama-3.2-3B group 3 and Qwen2-1.5B TP 4 group 3 never), the derived `layers` rows and the
+    alias models' rows."""
+    script = ROOT / "benchmarks" / "ws_resume_partial.py"
+    proc = subprocess.run([sys.executable, str(script), str(BUNDLED), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    base = pd.read_csv(BUNDLED / "compute.csv")
+    kept = pd.read_csv(tmp_path / "compute.partial.csv")
+    aliases = json.loads((tmp_path / "meta.json").read_text())["aliases"]
+    assert aliases and not kept.model.isin(list(aliases)).any() and not (kept.op == "layers").any()
+    fwd = kept[kept.op == "forward"]
+
+    def tokens_kept(model, tp):
+        return set(fwd[(fwd.model == model) & (fwd.tp == tp)].tokens)
+
+    def tokens_base(model, tp):
+        return set(base[(base.op == "forward") & (base.model == model) & (base.tp == tp)].tokens)
+
+    assert tokens_kept("Llama-3-8B", 1) == {t for t in tokens_base("Llama-3-8B", 1) if t < 32}
+    assert tokens_kept("Qwen2-1.5B", 6) == {t for t in tokens_base("Qwen2-1.5B", 6) if t < 64}
+    assert tokens_kept("Qwen2-1.5B", 4) == tokens_base("Qwen2-1.5B", 4)
+    assert tokens_kept("Llama-3.2-3B", 1) == tokens_base("Llama-3.2-3B", 1)
+    # everything but forwards, layers and aliases is kept unchanged
+    other = base[~base.op.isin(["forward", "layers"]) & ~base.model.isin(list(aliases))]
+    assert len(kept[kept.op != "forward"]) == len(other)
