@@ -195,9 +195,10 @@ def test_rope_default_follows_the_skinny_linear(make_checkpoint):
 
 
 def test_attention_ws_setting(make_checkpoint):
-    """attention_ws: "auto" is off (the bundled profile predicts the Triton kernel), "on" means from
-    ATTENTION_WS_ROWS rows per KV head and needs CUDA with attention "triton"; profiles record it,
-    and one measured with it on is flagged against the runtime."""
+    """attention_ws: "auto" is on for native weights on CUDA (sm_90; with no GPU to ask, the bundled
+    profile's H200) with attention "triton", off otherwise; "on" means from ATTENTION_WS_ROWS rows per
+    KV head and needs CUDA with attention "triton"; profiles record it, and one measured with it off
+    is flagged against the runtime."""
     from swiftspec.runtime.weights import (
         ATTENTION_WS_ROWS,
         kernel_mismatch,
@@ -206,8 +207,11 @@ def test_attention_ws_setting(make_checkpoint):
         resolve_attention_ws,
     )
 
-    assert resolve_attention_ws("cuda") == 0 and resolve_attention_ws("cuda", "off") == 0
-    assert resolve_attention_ws("cuda", "on") == ATTENTION_WS_ROWS == 128
+    gpu_is_sm90 = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
+    assert resolve_attention_ws("cuda") == (ATTENTION_WS_ROWS if gpu_is_sm90 else 0) and ATTENTION_WS_ROWS == 128
+    assert resolve_attention_ws("cuda", "off") == 0 and resolve_attention_ws("cpu") == 0
+    assert resolve_attention_ws("cuda", weight_format="fp8") == 0 and resolve_attention_ws("cuda", attention="torch") == 0
+    assert resolve_attention_ws("cuda", "on") == ATTENTION_WS_ROWS
     with pytest.raises(UserError, match="attention_ws must be one of auto, on, off"):
         resolve_attention_ws("cuda", "128")
     with pytest.raises(UserError, match="attention_ws 'on' needs a CUDA GPU and attention 'triton'"):
@@ -215,8 +219,11 @@ def test_attention_ws_setting(make_checkpoint):
     with pytest.raises(UserError, match="attention 'triton'"):
         resolve_attention_ws("cuda", "on", attention="torch")
     cuda = kernel_settings("cuda")
-    assert cuda["attention_ws"] == "off" and kernel_settings("cpu")["attention_ws"] == "off"
-    assert kernel_mismatch({**cuda, "attention_ws": "on"}, "cuda") == ["attention_ws: profile on, runtime off"]
+    assert cuda["attention_ws"] == ("on" if gpu_is_sm90 else "off")
+    assert kernel_settings("cpu")["attention_ws"] == "off" and kernel_settings("cuda", "fp8")["attention_ws"] == "off"
+    flip = "off" if cuda["attention_ws"] == "on" else "on"
+    assert kernel_mismatch({**cuda, "attention_ws": flip}, "cuda") == [
+        f"attention_ws: profile {flip}, runtime {cuda['attention_ws']}"]
     path = make_checkpoint("llama")
     assert load_model(path).attn_ws_rows == 0
     with pytest.raises(UserError, match="needs a CUDA GPU"):

@@ -547,10 +547,10 @@ def profile_compute(
     )
 
     attention, fusion = resolve_kernels(device, attention)
-    ws_rows = resolve_attention_ws(device, attention_ws, attention)
     # what the profiled forwards run: the device defaults, with the attention asked for
     if weight_format not in WEIGHT_FORMATS:
         raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
+    ws_rows = resolve_attention_ws(device, attention_ws, attention, weight_format)
     kernels = {**kernel_settings(device, weight_format), "attention": attention, "fusion": fusion,
                "attention_ws": "on" if ws_rows else "off"}
     if attention != "triton":

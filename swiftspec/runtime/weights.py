@@ -216,20 +216,31 @@ ROPE_CHOICES = ("auto", "on", "off")
 WEIGHT_FORMATS = ("native", "fp8")
 
 
-def resolve_attention_ws(device: str | torch.device, attention_ws: str = "auto", attention: str = "triton") -> int:
+def resolve_attention_ws(device: str | torch.device, attention_ws: str = "auto", attention: str = "triton",
+                         weight_format: str = "native") -> int:
     """Rows per KV head from which tree attention takes the warp-specialized Gluon kernel
     (`kernels.tree_attention_ws`; 0: never). "on": `ATTENTION_WS_ROWS` (needs CUDA and attention
     "triton"; `load_model` adds `ATTENTION_WS_MIN_TOKENS`; forwards the Gluon kernel cannot run,
-    not sm_90 or not bf16/fp16, keep the Triton kernel); "off": 0; "auto": 0 for now. It was
-    measured faster, but the bundled `h200-measured` profile predicts the Triton kernel, and a
-    default must match the profile that predicts it.
-    It becomes "on" once the forwards of >= 32 tokens are re-profiled with it on an H200
-    (`profile compute --attention-ws on`; benchmarks/README, Pending 10)."""
+    not bf16/fp16 or a group that does not divide 64, keep the Triton kernel); "off": 0; "auto":
+    `ATTENTION_WS_ROWS` where the Triton kernels run (CUDA, attention "triton") with native weights
+    on an sm_90 GPU (or where no GPU is present to ask: the bundled profiles' H200), else 0.
+    Measured on the H100 (benchmarks/KERNELS.md, "Nineteenth" and "Twentieth session", paired):
+    the Llama-3-8B step 1.1-2.7 % faster at 32-128 tokens, the 1B 0.6-5.8 %, the 70B TP-8 shard
+    0.4-3.9 % from 64 tokens. The bundled `h200-measured` forwards of >= 32 tokens were re-profiled
+    with it on an H200 ("Twenty-first session"). fp8 weights keep the Triton kernel until their
+    own A/B and re-profile."""
     if attention_ws not in ATTENTION_WS_CHOICES:
         raise UserError(f"attention_ws must be one of {', '.join(ATTENTION_WS_CHOICES)}, got {attention_ws!r}")
-    if attention_ws != "on":
+    device = torch.device(device)
+    if attention_ws == "auto":
+        if device.type != "cuda" or attention != "triton" or weight_format != "native":
+            return 0
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(device) != (9, 0):
+            return 0
+        return ATTENTION_WS_ROWS
+    if attention_ws == "off":
         return 0
-    if torch.device(device).type != "cuda" or attention != "triton":
+    if device.type != "cuda" or attention != "triton":
         raise UserError("attention_ws 'on' needs a CUDA GPU and attention 'triton'")
     return ATTENTION_WS_ROWS
 
@@ -324,7 +335,7 @@ def kernel_settings(device: str | torch.device, weight_format: str = "native") -
     swiglu = resolve_swiglu(device, linear=linear, fusion=fusion, weight_format=weight_format)
     rope = resolve_rope(device, linear=linear, fusion=fusion, weight_format=weight_format)
     pdl = resolve_pdl(device, fusion=fusion, weight_format=weight_format)
-    ws = resolve_attention_ws(device, attention=attention)
+    ws = resolve_attention_ws(device, attention=attention, weight_format=weight_format)
     return {"attention": attention, "attention_combine": ATTENTION_COMBINE if attention == "triton" else "-",
             "attention_ws": "on" if ws else "off",
             "fold_norm": "tp1" if fold else "off", "fusion": fusion, "linear": linear,
@@ -416,7 +427,7 @@ def load_model(
         check_fold_norm(weight_format, linear)
     act = resolve_swiglu(device, swiglu, linear, fusion, weight_format)
     rot = resolve_rope(device, rope, linear, fusion, weight_format)
-    ws_rows = resolve_attention_ws(device, attention_ws, attention)
+    ws_rows = resolve_attention_ws(device, attention_ws, attention, weight_format)
     model = Transformer(
         spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype, attention=attention,
         weight_format=weight_format,
