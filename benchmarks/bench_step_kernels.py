@@ -200,7 +200,7 @@ def paired_rows(args, setup: Callable, cache: KVCache, spec, kv: int, bw: float)
 def kernel_category(name: str) -> str:
     """Category of a kernel name as the profiler reports it (Triton: the jit function's name)."""
     n = name.lower()
-    for cat, keys in (("attention", ("tree_attn", "combine_kernel", "pack_mask", "flash", "sdpa", "attention")),
+    for cat, keys in (("attention", ("tree_attn", "ws_attn", "combine_kernel", "pack_mask", "flash", "sdpa", "attention")),
                       ("norm", ("rmsnorm",)), ("rope_kv", ("rope",)), ("act", ("silu",)),
                       ("linear", ("gemv", "skinny", "gemm", "nvjet", "cutlass", "sm90_xmma", "cublas"))):
         if any(k in n for k in keys):

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 
-# meta.json keys naming the kernels a profile was measured with
-KERNELS = ("attention", "fold_norm", "fusion", "linear", "pdl", "rope", "swiglu", "tree_growth")
+from swiftspec.runtime.weights import KERNEL_SETTINGS
+
+# meta.json keys naming the kernels a profile was measured with (the weight format must match: checked)
+KERNELS = tuple(k for k in KERNEL_SETTINGS if k != "weight_format")
 
 
 def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFrame, dict]:

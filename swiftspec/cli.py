@@ -334,8 +334,9 @@ def profile_group() -> None:
               help="native (GEMM weights in --dtype) | fp8 (weight-only float8 e4m3, per-row scales; "
                    "a separate profile folder, as the bundled h200-fp8).")
 @click.option("--attention-ws", default="auto", show_default=True,
-              help="auto (the runtime's default, off for now) | on (forwards of >= 128 rows per KV head through the "
-                   "Gluon warp-specialized tree attention: Hopper, bf16/fp16) | off. Recorded in meta.json.")
+              help="auto (the runtime's default: on for native weights on sm_90) | on (forwards of >= 128 rows per KV "
+                   "head and >= 32 tokens through the Gluon warp-specialized tree attention: Hopper, bf16/fp16) | "
+                   "off. Recorded in meta.json.")
 @click.option("--time-budget", type=float, default=None, help="Seconds; then stop and write what was measured.")
 def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
                         weight_format, attention_ws, time_budget) -> None:  # fmt: skip

@@ -28,9 +28,10 @@ def test_pdl_refused_on_cpu(make_checkpoint):
     hopper_or_none = not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 9
     assert resolve_pdl("cuda") == ("late" if hopper_or_none else False)
     assert resolve_pdl("cuda", fusion="off") is False and resolve_pdl("cuda", "off") is False
-    assert resolve_pdl("cuda", weight_format="fp8") is False  # not measured with fp8 weights yet
+    # fp8 weights too since the h200-fp8 re-profile with late (2026-12-06)
+    assert resolve_pdl("cuda", weight_format="fp8") == ("late" if hopper_or_none else False)
     assert kernel_settings("cuda")["pdl"] == ("late" if hopper_or_none else "off")
-    assert kernel_settings("cuda", "fp8")["pdl"] == "off"
+    assert kernel_settings("cuda", "fp8")["pdl"] == kernel_settings("cuda")["pdl"]
     assert kernel_settings("cpu")["pdl"] == "off"
     with pytest.raises(UserError, match="pdl must be one of auto, on, late, off"):
         resolve_pdl("cpu", "yes")

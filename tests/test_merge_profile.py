@@ -93,28 +93,28 @@ def test_merge_keeps_incomplete_entries_of_models_new_did_not_finish(tmp_path, n
         pd.read_csv(BUNDLED / "compute.csv").model == "Llama-3-70B").sum()
 
 
-def test_merged_kernel_setting_is_the_one_all_models_were_measured_with(tmp_path):
-    """A kernel switched in NEW (swiglu flipped) is the folder's setting only once every model's rows
+@pytest.mark.parametrize("key", ["swiglu", "attention_ws"])
+def test_merged_kernel_setting_is_the_one_all_models_were_measured_with(tmp_path, key):
+    """A kernel switched in NEW (`key` flipped) is the folder's setting only once every model's rows
     come from profiles measured with it; before that the folder says "mixed"."""
     base = pd.read_csv(BUNDLED / "compute.csv")
     meta = json.loads((BUNDLED / "meta.json").read_text())
-    old = meta["swiglu"]
-    flipped = "off" if old == "on" else "on"
+    flipped = "off" if meta.get(key) == "on" else "on"
     measured = sorted(set(base[base.op != "host"].model) - set(meta["aliases"]))
     folders = []
     for i, models in enumerate((measured[:1], measured[1:])):
         folder = tmp_path / f"new{i}"
         folder.mkdir()
         base[base.model.isin(models)].to_csv(folder / "compute.csv", index=False)
-        (folder / "meta.json").write_text(json.dumps({**meta, "swiglu": flipped, "aliases": {}, "skipped": [],
+        (folder / "meta.json").write_text(json.dumps({**meta, key: flipped, "aliases": {}, "skipped": [],
                                                       "incomplete_tables": []}))
         folders.append(folder)
     assert run(BUNDLED, folders[0], "-o", tmp_path / "m1", "--host", "base").returncode == 0
     m1 = json.loads((tmp_path / "m1" / "meta.json").read_text())
-    assert m1["swiglu"] == "mixed" and m1["attention"] == meta["attention"]
+    assert m1[key] == "mixed" and m1["attention"] == meta["attention"]
     assert run(tmp_path / "m1", folders[1], "-o", tmp_path / "m2", "--host", "base").returncode == 0
     m2 = json.loads((tmp_path / "m2" / "meta.json").read_text())
-    assert m2["swiglu"] == flipped and m2["merged"][-1]["kernels"]["swiglu"] == flipped
+    assert m2[key] == flipped and m2["merged"][-1]["kernels"][key] == flipped
     assert m2["fold_norm"] == meta["fold_norm"]
 
 

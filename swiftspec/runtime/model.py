@@ -361,8 +361,9 @@ class Transformer(nn.Module):
         2026-12-03 tile sweep and tma=False its plain K/V loads (benchmarks' A/B runs).
         ws_rows > 0 (with "triton"): forwards of at least ws_rows rows (tokens x group) per KV head
         take the warp-specialized Gluon kernel (`kernels.tree_attention_ws`) where it can run (an
-        sm_90 GPU, bf16/fp16; `check_ws`), if they also have at least ws_min_tokens tokens; opt-in
-        while it is measured."""
+        sm_90 GPU, bf16/fp16; `check_ws`), if they also have at least ws_min_tokens tokens;
+        `load_model` sets both (`weights.resolve_attention_ws`: on by default on sm_90 with native
+        weights)."""
         if impl not in ATTENTION_IMPLS:
             raise UserError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         if combine not in ("separate", "kernel"):

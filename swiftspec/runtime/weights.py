@@ -224,11 +224,11 @@ def resolve_attention_ws(device: str | torch.device, attention_ws: str = "auto",
     not bf16/fp16 or a group that does not divide 64, keep the Triton kernel); "off": 0; "auto":
     `ATTENTION_WS_ROWS` where the Triton kernels run (CUDA, attention "triton") with native weights
     on an sm_90 GPU (or where no GPU is present to ask: the bundled profiles' H200), else 0.
-    Measured on the H100 (benchmarks/KERNELS.md, "Nineteenth" and "Twentieth session", paired):
-    the Llama-3-8B step 1.1-2.7 % faster at 32-128 tokens, the 1B 0.6-5.8 %, the 70B TP-8 shard
-    0.4-3.9 % from 64 tokens. The bundled `h200-measured` forwards of >= 32 tokens were re-profiled
-    with it on an H200 ("Twenty-first session"). fp8 weights keep the Triton kernel until their
-    own A/B and re-profile."""
+    Measured paired (benchmarks/KERNELS.md, "Nineteenth" to "Twenty-first session"): on the H200
+    the Llama-3-8B step 1.6-3.5 % faster at 32-64 tokens (kv 1024 and 4096); on an H100 the 8B
+    1.1-2.7 % at 32-128 tokens, the 1B 0.6-5.8 %, the 70B TP-8 shard 0.4-3.9 % from 64 tokens. The
+    bundled `h200-measured` forwards where it runs were re-profiled with it on an H200 (0.83-0.99 of
+    the Triton kernel's rows). fp8 weights keep the Triton kernel until their own A/B and re-profile."""
     if attention_ws not in ATTENTION_WS_CHOICES:
         raise UserError(f"attention_ws must be one of {', '.join(ATTENTION_WS_CHOICES)}, got {attention_ws!r}")
     device = torch.device(device)
@@ -250,18 +250,18 @@ def resolve_pdl(device: str | torch.device, pdl: str = "auto", fusion: str = "tr
     """How the model's Triton kernels use programmatic dependent launch (`Transformer.set_pdl`):
     "on" (True: early, each kernel lets the next launch right after its own wait), "late" (after
     its main loop), "off" (False), or "auto" = "late" where the Triton kernels run (CUDA, fusion
-    "triton") with native weights on a GPU of compute capability >= 9.0 (or where no GPU is present
-    to ask: the bundled profiles' H200), else off. Measured on the H200 (benchmarks/KERNELS.md,
+    "triton"), native or fp8 weights, on a GPU of compute capability >= 9.0 (or where no GPU is
+    present to ask: the bundled profiles' H200), else off. Measured on the H200 (benchmarks/KERNELS.md,
     "Seventeenth session", paired on six shards): late 1.6-4.3 % faster at 1-16 tokens on every
     shard, within 0.6 % at 64; early 2.2-5.2 % faster on the 70B TP 4/8 shards but 0.8-8.3 % slower
-    at TP 1. fp8 weights stay off until `h200-fp8` is re-profiled with late on an H200 (a default
-    must match the profile that predicts it); paired on an H100 ("Eighteenth session"), late was
-    2.5-5.2 % faster with them at 1-16 tokens on three shards."""
+    at TP 1. With fp8 weights, paired on an H100 ("Eighteenth session"), late was 2.5-5.2 % faster at
+    1-16 tokens on three shards; `h200-fp8` was re-profiled with it on an H200 ("Twenty-first
+    session"). `weight_format` no longer changes the answer."""
     if pdl not in PDL_CHOICES:
         raise UserError(f"pdl must be one of {', '.join(PDL_CHOICES)}, got {pdl!r}")
     if pdl == "auto":
         device = torch.device(device)
-        if device.type != "cuda" or fusion != "triton" or weight_format != "native":
+        if device.type != "cuda" or fusion != "triton":
             return False
         if torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] < 9:
             return False
