@@ -221,12 +221,13 @@ def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) ->
         end.record()
         torch.cuda.synchronize()
     wall_us = start.elapsed_time(end) * 1e3 / replays
-    per: dict[str, list[float]] = {}
     by_name: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            per.setdefault(kernel_category(e.name), []).append(e.device_time)
             by_name.setdefault(e.name, []).append(e.device_time)
+    per: dict[str, list[float]] = {}
+    for n, v in by_name.items():
+        per.setdefault(kernel_category(n), []).extend(v)
     rows = [{**base, "kind": "breakdown", "category": c, "kernels_per_step": len(v) / replays,
              "us_per_step": sum(v) / replays} for c, v in sorted(per.items())]  # fmt: skip
     # one row per kernel name too (kind breakdown_kernel), to tell e.g. an attention kernel from its combine

@@ -165,3 +165,12 @@ def test_ws_resume_partial_drops_exactly_the_forwards_the_gluon_rule_takes(tmp_p
     # everything but forwards, layers and aliases is kept unchanged
     other = base[~base.op.isin(["forward", "layers"]) & ~base.model.isin(list(aliases))]
     assert len(kept[kept.op != "forward"]) == len(other)
+
+
+def test_ws_resume_partial_refuses_a_missing_profile_in_one_line(tmp_path):
+    script = ROOT / "benchmarks" / "ws_resume_partial.py"
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "nope"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "not a readable profile folder" in proc.stderr
+    assert not (tmp_path / "out").exists()

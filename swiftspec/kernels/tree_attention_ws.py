@@ -69,6 +69,16 @@ ROWS_PER_PROGRAM = 128  # two consumer warpgroups x 64 rows (one m64 wgmma each)
 CONSUMER_ROWS = 64
 
 
+def check_ws_shape(group: int, head_dim: int) -> str:
+    """Why `tree_attention_ws` cannot take heads of this shape ("" when it can): group = query heads
+    per KV head. `check_ws` applies it; profiles use it to tell which shards take the kernel."""
+    if head_dim not in (64, 128):
+        return f"head dim {head_dim} is not 64 or 128"
+    if CONSUMER_ROWS % group:
+        return f"group {group} does not divide {CONSUMER_ROWS}"
+    return ""
+
+
 def check_ws(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> str:
     """Why `tree_attention_ws` cannot run these inputs here ("" when it can)."""
     if GLUON_ERROR:
@@ -79,12 +89,8 @@ def check_ws(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> s
         return "needs an sm_90 GPU (Hopper wgmma)"
     if q.dtype not in (torch.bfloat16, torch.float16) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         return f"needs bf16 or fp16 q and caches, got {q.dtype}, {k_cache.dtype}"
-    d = q.shape[-1]
-    if d not in (64, 128):
-        return f"head dim {d} is not 64 or 128"
-    group = q.shape[1] // k_cache.shape[0]
-    if CONSUMER_ROWS % group:
-        return f"group {group} does not divide {CONSUMER_ROWS}"
+    if why := check_ws_shape(q.shape[1] // k_cache.shape[0], q.shape[-1]):
+        return why
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return "needs contiguous k_cache and v_cache (TMA)"
     return ""
