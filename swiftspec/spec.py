@@ -257,6 +257,40 @@ ALL_MODES = tuple(Mode)
 
 
 @dataclass(frozen=True)
+class SamplingParams:
+    """How the target's tokens are chosen; the same in every mode, so speculation stays lossless.
+
+    temperature 0: greedy (the target's argmax). temperature > 0: the target's own draws at that
+    temperature from a generator seeded by `seed`, so every mode produces the same tokens for the
+    same seed. top_k (0: off) keeps the k most likely tokens, top_p (1: off) the smallest set of
+    most likely tokens whose probability reaches p; both need temperature > 0.
+    """
+
+    temperature: float = 0.0
+    seed: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise UserError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
+            raise UserError(f"top-k must be an integer >= 0 (0: off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"top-p must be in (0, 1] (1: off), got {self.top_p}")
+        if self.greedy and (self.top_k or self.top_p < 1):
+            raise UserError("top-k and top-p need a temperature > 0 (they cut the sampled distribution)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def for_prompt(self, i: int) -> SamplingParams:
+        """The params of prompt i of a set: its draws seeded `seed + i`."""
+        return dataclasses.replace(self, seed=self.seed + i)
+
+
+@dataclass(frozen=True)
 class Split:
     """Which GPUs (or CPU ranks) the draft group and the target group get.
 
