@@ -16,13 +16,15 @@ log folder benchmarks/results/async_gpu_h200_runlog/. Budget: <= 4 minutes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
 from pathlib import Path
 
 from swiftspec.files import atomic_write_text, run_metadata
-from swiftspec.runtime.launch import format_report, run_plan
+from swiftspec.run import RunOptions, format_report, run_plan
+from swiftspec.sim.search import load_inputs, predict_plan
 from swiftspec.spec import Mode, Plan, Split, TreePolicy
 
 RESULTS = Path(__file__).parent / "results"
@@ -33,12 +35,8 @@ def make_plan(bs: int, w: int, d: int) -> Plan:
     plan = Plan(target="Llama-3-8B", draft="Llama-3.2-1B", split=Split.disaggregated(1, 1), mode=Mode.async_,
                 policy=TreePolicy(bs=bs, w=w, d=d), device="cuda", max_len=1024)
     try:
-        from swiftspec.sim.search import load_inputs, predict_plan
-
         inputs = load_inputs(plan.target, plan.draft, None, None, "cuda")
         res = predict_plan(plan, inputs)
-        import dataclasses
-
         plan = dataclasses.replace(plan, prediction=res.summary.to_prediction(), profile=inputs.profile_ref,
                                    acceptance=inputs.acceptance_ref)
     except Exception as e:  # noqa: BLE001 -- the run still measures; the report shows "-"
@@ -59,8 +57,9 @@ def main() -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         plan.save(Path(tmp) / "plan.json")
-        log = run_plan(Path(tmp) / "plan.json", weights="random", device="cuda", num_prompts=args.num_prompts,
-                       max_new_tokens=args.max_new_tokens, timeout_s=args.timeout)
+        options = RunOptions(weights="random", device="cuda", num_prompts=args.num_prompts,
+                             max_new_tokens=args.max_new_tokens, timeout_s=args.timeout)
+        log = run_plan(Path(tmp) / "plan.json", options)
     report = format_report(log)
     print(report)
     log.write(RESULTS / "async_gpu_h200_runlog")

@@ -1,4 +1,4 @@
-"""Warp-specialized (Gluon) tree attention against the Triton kernel, on the many-row shapes (issue 4).
+"""Warp-specialized (Gluon) tree attention against the Triton kernel, on the many-row shapes.
 
     python benchmarks/bench_attention_ws.py                 # on a Hopper GPU: ~2 minutes
     python benchmarks/bench_attention_ws.py --shapes 16384:64:32/8 --sweep
@@ -96,18 +96,19 @@ def bench_shape(kv, t, hq, hkv, bw, gen, sweep: bool) -> list[dict]:
     splits = ws.default_splits(rows_total, hkv, kv, 64, torch.cuda.get_device_properties(0).multi_processor_count)
     for impl, qs, pdl in (("ws", False, False), ("ws_pdl", False, True), ("ws_qsmem", True, False)):
         measure(impl, lambda i, o, qs=qs, pdl=pdl: ws.tree_attention_ws(
-            a.q[i], a.k[i], a.v[i], a.pl, a.mask, a.scale, packed_mask=a.packed, out=o, q_smem=qs, pdl=pdl),
+            a.q[i], a.k[i], a.v[i], a.pl, a.mask, a.scale, packed_mask=a.packed, out=o, pdl=pdl,
+            launch=ws.WsLaunch(q_smem=qs)),
             num_splits=splits, block_n=64, stages=4, q_smem=qs, pdl=pdl)
     rows += kernel_rows(base, lambda: ws.tree_attention_ws(a.q[0], a.k[0], a.v[0], a.pl, a.mask, a.scale,
                                                            packed_mask=a.packed, out=a.outs[0]))
     for bn, st, sp, qs in SWEEP if sweep else []:
         measure("ws_sweep", lambda i, o, bn=bn, st=st, sp=sp, qs=qs: ws.tree_attention_ws(
-            a.q[i], a.k[i], a.v[i], a.pl, a.mask, a.scale, packed_mask=a.packed, out=o, num_splits=sp, block_n=bn,
-            num_stages=st, q_smem=qs), num_splits=sp, block_n=bn, stages=st, q_smem=qs, pdl=False)
+            a.q[i], a.k[i], a.v[i], a.pl, a.mask, a.scale, packed_mask=a.packed, out=o,
+            launch=ws.WsLaunch(num_splits=sp, block_n=bn, num_stages=st, q_smem=qs)), num_splits=sp, block_n=bn, stages=st, q_smem=qs, pdl=False)
         if bn == 128 and st == 3 and sp == 8 and qs:  # the candidate tile: its kernels too
             rows += kernel_rows({**base, "block_n": 128}, lambda: ws.tree_attention_ws(
-                a.q[0], a.k[0], a.v[0], a.pl, a.mask, a.scale, packed_mask=a.packed, out=a.outs[0], num_splits=8,
-                block_n=128, num_stages=3, q_smem=True))
+                a.q[0], a.k[0], a.v[0], a.pl, a.mask, a.scale, packed_mask=a.packed, out=a.outs[0],
+                launch=ws.WsLaunch(num_splits=8, block_n=128, num_stages=3, q_smem=True)))
     return rows
 
 

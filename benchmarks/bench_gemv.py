@@ -1,5 +1,5 @@
 """Skinny linear (M = 1..16 token rows) on Llama-3-8B shapes: Triton `gemv` vs cuBLAS `F.linear`
-vs the weight-bytes floor (issues 3 and 4: the GEMMs alone are 1.16x the floor at 1 token).
+vs the weight-bytes floor.
 
     python benchmarks/bench_gemv.py                                   # on the H200: < 1 minute
     TRITON_INTERPRET=1 python benchmarks/bench_gemv.py --quick --device cpu --out /tmp/bg   # smoke
@@ -7,24 +7,23 @@ vs the weight-bytes floor (issues 3 and 4: the GEMMs alone are 1.16x the floor a
 Each call is captured in a CUDA graph that rotates over enough weight copies to touch > 2x the
 60 MB L2 per replay (each call streams cold weights, as in the step); µs per call = median replay
 time / calls. Floor = weight bytes / device-to-device copy bandwidth measured in the same run.
-Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: the first sweep,
-bench_gemv-2026-12-02a, measured it at 3.7-32x cuBLAS's time at 4-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
+Variants: cuBLAS (`F.linear`); kind "fma" (broadcast multiply-sum; 1 row only: it is many times
+cuBLAS's time at 4-16 rows) at BLOCK_N 2/4/8 x num_warps 1/2/4, named
 `fma_bn{N}_w{warps}`; kind "dot" (`tl.dot`, rows padded to 16) at BLOCK_N 64/128 x BLOCK_K
 64/128/256 (`--block-k`) x num_stages 3/5 (`--stages`), named `dot_bn{N}_bk{K}_s{stages}` (`--warps
 4,8`: also over num_warps, `..._w{warps}`; `--split-k 1,2,4`: also over split_k, `..._k{split}`;
 `--block-n 128`: only those BLOCK_N). `--quick`: one config of each; `--layers qkv,o`: only those.
 Every variant is checked against float32 `F.linear` (relative error column). `--fp8`: the same
 weights quantized (`quantize_fp8`) through the dot kernel, `fp8_default` (gemv's own config),
-`fp8_default_x16` (the same with x converted to float16 once, `gemv(x_f16=True)`) and
+`fp8_default_x16` (the same with x converted to float16 once, `GemvLaunch(x_f16=True)`) and
 `fp8_dot_bn{N}_bk{K}_s{stages}_w{warps}_k{split_k}`, against the
 dequantized weights and a floor of one byte per weight; it also runs more than 16 rows.
 `--shapes 70b-tp8,1b` picks other shape sets (one TP-8 shard of Llama-3-70B, Llama-3.2-1B; layer
 names then carry `@set`); `--defaults-only` replaces the sweep by cuBLAS, gemv's own config
 (`dot_default`), it split over K in 2 and 4 (`dot_default_k2/k4`) and it with the add+RMSNorm
-folded in (`dot_fold`: `gemv(rms_eps=, residual=)`, split by the same rule since 2026-12-05;
-`dot_fold_k1` forced unsplit; both checked against the product of RMSNorm(x + r) and w), to ask
-where narrow shard GEMMs lose. `dot_default` is gemv's default at the time of the
-run: in `bench_gemv-2026-12-04` that was unsplit everywhere (the split rule came from that run).
+folded in (`dot_fold`: `Epilogue(rms_eps=, residual=)`, split by the same rule; `dot_fold_k1`
+forced unsplit; both checked against the product of RMSNorm(x + r) and w), to ask where narrow
+shard GEMMs lose. `dot_default` is gemv's default at the time of the run.
 `--split-sweep` runs cuBLAS, `dot_default` and `dot_default_k1/k2/k4` (K forced unsplit, in 2, in
 4) at any --rows, to place the split rule; shape sets 1b-tp2, 3b, 8b-tp2 and 70b-tp4 add the shards the
 planner picks.
@@ -48,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import ROTATE_BYTES, copy_bandwidth, time_calls  # noqa: E402
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
-from swiftspec.kernels.gemv import gemv, quantize_fp8  # noqa: E402
+from swiftspec.kernels.gemv import Epilogue, GemvLaunch, gemv, quantize_fp8  # noqa: E402
 
 # per-layer linears (N, K) and the LM head: Llama-3-8B, one TP-8 shard of Llama-3-70B, Llama-3.2-1B
 SHAPE_SETS = {
@@ -128,16 +127,16 @@ def main() -> None:
             if args.defaults_only or args.split_sweep:
                 variants["dot_default"] = lambda w, x=x: gemv(x, w)
                 for sk in (1, 2, 4) if args.split_sweep else (2, 4):
-                    variants[f"dot_default_k{sk}"] = lambda w, sk=sk, x=x: gemv(x, w, split_k=sk)
+                    variants[f"dot_default_k{sk}"] = lambda w, sk=sk, x=x: gemv(x, w, launch=GemvLaunch(split_k=sk))
             if args.defaults_only:
                 r, r_out = torch.empty_like(x).normal_(), torch.empty_like(x)
                 # the fold: x + r normalized inside the launch (its norm weight folded into w
                 # beforehand, so the reference is the plain product of RMSNorm(x + r) and w)
-                variants["dot_fold"] = lambda w, x=x, r=r, r_out=r_out: gemv(
-                    x, w, rms_eps=1e-5, residual=r, residual_out=r_out)
-                # the fold forced unsplit (before 2026-12-05 the fold never split K)
-                variants["dot_fold_k1"] = lambda w, x=x, r=r, r_out=r_out: gemv(
-                    x, w, rms_eps=1e-5, residual=r, residual_out=r_out, split_k=1)
+                fold = Epilogue(rms_eps=1e-5, residual=r, residual_out=r_out)
+                variants["dot_fold"] = lambda w, x=x, fold=fold: gemv(x, w, epilogue=fold)
+                # the fold forced unsplit
+                variants["dot_fold_k1"] = lambda w, x=x, fold=fold: gemv(x, w, epilogue=fold,
+                                                                        launch=GemvLaunch(split_k=1))
                 h = x.float() + r.float()
                 refs = dict.fromkeys(("dot_fold", "dot_fold_k1"),
                                      F.linear(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5), ws[0].float()))
@@ -147,24 +146,26 @@ def main() -> None:
             for bn, nw in [] if not sweep else [(8, 4)] if args.quick else [
                     (b, n) for b in (2, 4, 8) for n in (1, 2, 4)]:
                 if m == 1:
-                    variants[f"fma_bn{bn}_w{nw}"] = lambda w, bn=bn, nw=nw, x=x: gemv(x, w, block_n=bn, num_warps=nw, kind="fma")
+                    variants[f"fma_bn{bn}_w{nw}"] = lambda w, bn=bn, nw=nw, x=x: gemv(
+                        x, w, kind="fma", launch=GemvLaunch(block_n=bn, num_warps=nw))
             for bn, bk, ns, nw, sk in [] if not sweep else [(64, 128, 3, None, None)] if args.quick else [
                     (b, k, s, n, q) for b in block_ns for k in block_ks for s in stages for n in warps for q in splits]:
                 variants[f"dot_bn{bn}_bk{bk}_s{ns}" + (f"_w{nw}" if nw else "") + (f"_k{sk}" if sk else "")] = (
-                    lambda w, bn=bn, bk=bk, ns=ns, nw=nw, sk=sk, x=x: gemv(
-                        x, w, block_n=bn, block_k=bk, num_stages=ns, num_warps=nw, split_k=sk, kind="dot"))
+                    lambda w, bn=bn, bk=bk, ns=ns, nw=nw, sk=sk, x=x: gemv(x, w, kind="dot", launch=GemvLaunch(
+                        block_n=bn, block_k=bk, num_stages=ns, num_warps=nw, split_k=sk)))
             # fp8 weights (`--fp8`): the same random weights quantized per row, against their own
             # floor (one byte per weight) and their own reference (the dequantized weights)
             w8s = [quantize_fp8(w) for w in ws] if args.fp8 else []
             ref8 = F.linear(x.float(), w8s[0][0].float() * w8s[0][1][:, None]) if w8s else None
             fp8_variants = {} if not w8s else {"fp8_default": lambda w, x=x: gemv(x, w[0], scale=w[1]),
-                                               "fp8_default_x16": lambda w, x=x: gemv(x, w[0], scale=w[1], x_f16=True)}
+                                               "fp8_default_x16": lambda w, x=x: gemv(
+                                                   x, w[0], scale=w[1], launch=GemvLaunch(x_f16=True))}
             for bn, bk, ns, nw, sk in [] if not w8s else [(64, 128, 3, 4, 1)] if args.quick else [
                     (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 3, 4, 4),
                     (128, 128, 3, 8, 1), (128, 128, 3, 8, 4), (64, 64, 5, 4, 1)]:
                 fp8_variants[f"fp8_dot_bn{bn}_bk{bk}_s{ns}_w{nw}_k{sk}"] = (
-                    lambda w, bn=bn, bk=bk, ns=ns, nw=nw, sk=sk, x=x: gemv(
-                        x, w[0], scale=w[1], block_n=bn, block_k=bk, num_stages=ns, num_warps=nw, split_k=sk))
+                    lambda w, bn=bn, bk=bk, ns=ns, nw=nw, sk=sk, x=x: gemv(x, w[0], scale=w[1], launch=GemvLaunch(
+                        block_n=bn, block_k=bk, num_stages=ns, num_warps=nw, split_k=sk)))
             n_before = len(rows)
             for impl, fn, weights, reference, nbytes in (
                     [(i, f, ws, refs.get(i, ref), wbytes) for i, f in variants.items()]

@@ -1,13 +1,13 @@
 """Host work per decode iteration: graph inputs staged in one copy vs copied buffer by buffer.
 
-`swiftspec validate` found the autoregressive step's host work 0.1-0.2 ms above its calibration
-(runs 4 and 5). Before the change, every forward built four device tensors from Python lists
-(four synchronous host-to-device copies from pageable memory) and `GraphRunner.run` then ran
-about ten small device ops into the graph's static buffers. Now `ModelRunner` hands the lists to
-`GraphRunner`, which writes them into one pinned host buffer and moves them in one copy
-(`graphs.StaticInputs`). This benchmark runs both, alternating, in one process, and a third
-variant, "graph_topk": staged inputs plus tree growth replayed from captured top-k graphs
-(`ModelRunner(tree_growth="graph")`) instead of two eager kernel launches per draft forward.
+Building four device tensors from Python lists every forward (four synchronous host-to-device
+copies from pageable memory), then about ten small device ops into the graph's static buffers,
+costs host time every iteration. `ModelRunner` instead hands the lists to `GraphRunner`, which
+writes them into one pinned host buffer and moves them in one copy (`graphs.StaticInputs`). This
+benchmark runs both, alternating, in one process (the buffer-by-buffer copy kept here as
+`DeviceCopyRunner`), and a third variant, "graph_topk": staged inputs plus tree growth replayed
+from captured top-k graphs (models whose `KernelConfig.tree_growth` is "graph") instead of two
+eager kernel launches per draft forward.
 
 Models: narrow stand-ins (`validate.stand_in_config`: the real vocabulary and layer count, hidden
 64) of the given bundled models, random weights, so the forwards' device time is small and is
@@ -27,9 +27,10 @@ median over `--reps` decodes per variant. Writes benchmarks/results/bench_host-<
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime as dt
-import functools
 import json
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, generate
 from swiftspec.runtime.graphs import ForwardClock
+from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.spec import Mode, ModelSpec, TreePolicy
 from swiftspec.validate import _stand_in_model, replay_ms
 
@@ -60,9 +62,10 @@ class DeviceCopyRunner(ModelRunner):
         return logits if self.vocab_limit is None else logits[:, : self.vocab_limit]
 
 
-VARIANTS = {"staged": ModelRunner, "device_copies": DeviceCopyRunner,
+# variant -> (runner class, the models' tree growth)
+VARIANTS = {"staged": (ModelRunner, "auto"), "device_copies": (DeviceCopyRunner, "auto"),
             # staged inputs, and tree growth replayed from captured top-k graphs
-            "graph_topk": functools.partial(ModelRunner, tree_growth="graph")}
+            "graph_topk": (ModelRunner, "graph")}
 MODES = {"autoregressive": (Mode.autoregressive, TreePolicy.autoregressive()),
          "serial-bs8-w4-d3": (Mode.serial, TreePolicy(bs=8, w=4, d=3))}
 
@@ -72,9 +75,6 @@ def host_profile(target, draft, prompt: list[int], mode: Mode, policy: TreePolic
     """Where one decode's host time goes: cProfile over `generate`, the `top` functions by own
     time, in µs per iteration. cProfile's per-call overhead inflates small, frequent calls, so the
     shares rank the pieces; the absolute numbers are upper bounds."""
-    import cProfile
-    import pstats
-
     for r in (target, draft):
         if r is not None:
             r.prefix_len, r.tree_len, r.pending = 0, 0, []
@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, prof_rows = [], []
     for name in args.models.split(","):
         spec = ModelSpec.from_config(name)
-        model = _stand_in_model(spec, args.device)
+        models = {g: _stand_in_model(spec, args.device, kernels=KernelConfig.resolve(args.device, tree_growth=g))
+                  for g in {g for _, g in VARIANTS.values()}}
         prompt = torch.randint(0, spec.vocab, (24,), generator=gen).tolist()
-        runners = {v: (cls(model, 1024), cls(model, 1024)) for v, cls in VARIANTS.items()}
+        runners = {v: (cls(models[g], 1024), cls(models[g], 1024)) for v, (cls, g) in VARIANTS.items()}
         clocks = {}
         for v, pair in runners.items():
             fixed = {id(r): replay_ms(r) for r in pair}
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 top = host_profile(target, draft if mode is not Mode.autoregressive else None, prompt, mode, policy,
                                    args.new_tokens)  # fmt: skip
                 prof_rows += top.assign(model=name, mode=mode_name).to_dict(orient="records")
-        del runners, clocks, model
+        del runners, clocks, models
     df = pd.DataFrame(rows)
     meta = {**run_metadata(args.device), "weights": "random (narrow stand-ins)", "new_tokens": args.new_tokens,
             "prompt_tokens": 24}

@@ -1,4 +1,4 @@
-"""Microbenchmark of swiftspec's Triton kernels against torch and the bytes floor (issue 4).
+"""Microbenchmark of swiftspec's Triton kernels against torch and the bytes floor.
 
     python benchmarks/bench_kernels.py            # on a GPU (H200): < 3 minutes
     TRITON_INTERPRET=1 python benchmarks/bench_kernels.py --quick --out /tmp/kq   # CPU smoke run
@@ -7,11 +7,10 @@ Tree attention, bf16, batch 1, kv 1024/4096/16384 × queries 8/16/64/128 × head
 and (8/1, D 128): ours vs `scaled_dot_product_attention` with the same boolean mask, vs SDPA with
 no mask, vs the bytes floor (K + V of the live keys + q + out, over the device-to-device copy
 bandwidth measured in the same run). The tree region holds the T queries (a random tree, ancestor
-mask); prefix = kv − T. Each shape runs four variants of ours: num_splits rule "model" (the
-fitted `SplitCostModel` of the combine mode, default) or "legacy" (the first heuristic) × combine
-"separate" (a second, row-parallel combine launch; default since 2026-12-03) or "kernel" (one
-launch, the last split merges, with a shared TreeAttentionWorkspace as the model would use).
-impl "triton" is the default (model + separate) and is what the goal table judges. Then a
+mask); prefix = kv − T. Each shape runs two variants of ours, num_splits from the fitted
+`SplitCostModel` of the combine mode: combine "separate" (a second, row-parallel combine launch;
+the default) or "kernel" (one launch, the last split merges, with a shared TreeAttentionWorkspace
+as the model would use). impl "triton" is the default and is what the goal table judges. Then a
 num_splits sweep (both combine modes) on a few shapes, a num_stages sweep, and kv_move on a
 Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens, and tree growth
 (log-softmax + top-8 over the Llama-3 and Qwen2 vocabularies, 1/8/64 rows of float32 logits,
@@ -46,6 +45,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 import triton
+from bench_step import copy_bandwidth as eager_copy_bandwidth  # sibling script (benchmarks/ is on sys.path)
 from tqdm import tqdm
 
 from swiftspec.files import atomic_write_text, run_metadata
@@ -54,6 +54,7 @@ from swiftspec.kernels.pdl import pdl_available
 from swiftspec.kernels.topk import logsoftmax_topk, logsoftmax_topk_packed, logsoftmax_topk_ref, unpack_topk
 from swiftspec.kernels.tree_attention import (
     SPLIT_COST,
+    TreeAttentionLaunch,
     TreeAttentionWorkspace,
     ancestor_mask,
     choose_config,
@@ -110,14 +111,11 @@ def copy_bandwidth(device: str, graph: bool = False) -> float:
 
     graph=True times a 1 GiB copy as CUDA-graph replays instead. In a graph the copy is a memcpy
     node, which measured only 2.73 TB/s on the H200s where the eager copy measured 4.19-4.25 TB/s
-    (kernels_2026-12-02{,b}.json vs bench_step*.json), so floors from it were 1.55x too generous.
+    (docs/decisions.md), so floors from it were 1.55x too generous.
     """
     if device != "cuda":
         return float("nan")
     if not graph:
-        # sibling script: benchmarks/ is on sys.path when these scripts run
-        from bench_step import copy_bandwidth as eager_copy_bandwidth
-
         return eager_copy_bandwidth(torch.device(device))
     n = 512 * 2**20  # 1 GiB of bf16 per buffer: far past the L2
     a = torch.empty(n, dtype=torch.bfloat16, device=device).normal_()
@@ -169,12 +167,10 @@ class AttentionInputs:
                    n_sets)
 
 
-# (impl, rule, combine); "triton" is the library default and the one the goals judge.
+# (impl, combine); "triton" is the library default and the one the goals judge.
 VARIANTS = [
-    ("triton", "model", "separate"),
-    ("triton_model_kernel", "model", "kernel"),
-    ("triton_legacy_kernel", "legacy", "kernel"),
-    ("triton_legacy_separate", "legacy", "separate"),
+    ("triton", "separate"),
+    ("triton_model_kernel", "kernel"),
 ]
 
 
@@ -190,17 +186,18 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
     floor_us = set_bytes / bw * 1e6 if bw == bw else float("nan")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
     cfg = choose_config(t, hq, hkv, d, kv, elem, num_sms)
-    legacy = choose_config(t, hq, hkv, d, kv, elem, num_sms, rule="legacy")
 
     ref = tree_attention_ref(q[0], k[0], v[0], prefix, mask, scale)
 
-    def err_of(**kw):  # correctness on the first set, against the contract (float32 softmax)
-        o = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed, workspace=ws, **kw)
+    def err_of(pdl=False, **launch):  # correctness on the first set, against the contract (float32 softmax)
+        o = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed, pdl=pdl,
+                           launch=TreeAttentionLaunch(workspace=ws, **launch))
         return float((o.double() - ref.double()).norm() / ref.double().norm())
 
-    def ours_call(i, **kw):
-        return lambda: tree_attention(q[i], k[i], v[i], pl, mask, scale, packed_mask=packed, out=outs[i],
-                                      workspace=ws, **kw)
+    def ours_call(i, pdl=False, **launch):
+        lc = TreeAttentionLaunch(workspace=ws, **launch)
+        return lambda: tree_attention(q[i], k[i], v[i], pl, mask, scale, packed_mask=packed, out=outs[i], pdl=pdl,
+                                      launch=lc)
 
     def predicted(ns, combine="separate"):
         return SPLIT_COST[combine].time_us(ns, t * (hq // hkv), hkv, d, kv, cfg.block_m, cfg.block_n, num_sms)
@@ -211,19 +208,18 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
                 e = err_of(num_splits=ns, combine=combine)
                 us_s = time_calls([ours_call(i, num_splits=ns, combine=combine) for i in range(n_sets)], device)
                 rows.append({**base, "impl": "triton_sweep", "combine": combine, "num_splits": ns, "us": us_s,
-                             "floor_us": floor_us, "rel_err": e, "heuristic_splits": legacy.num_splits,
-                             "model_splits": cfg.num_splits, "model_us": predicted(ns, combine)})
+                             "floor_us": floor_us, "rel_err": e, "model_splits": cfg.num_splits, "model_us": predicted(ns, combine)})
         for st in stages_sweep:
             e = err_of(num_stages=st)
             us_s = time_calls([ours_call(i, num_stages=st) for i in range(n_sets)], device)
             rows.append({**base, "impl": "triton_stages", "combine": "separate", "num_splits": cfg.num_splits,
                          "num_stages": st, "us": us_s, "floor_us": floor_us, "rel_err": e})
         return rows
-    for impl, rule, combine in VARIANTS:
-        ns = choose_config(t, hq, hkv, d, kv, elem, num_sms, rule=rule, combine=combine).num_splits
-        us = time_calls([ours_call(i, rule=rule, combine=combine) for i in range(n_sets)], device)
-        rows.append({**base, "impl": impl, "rule": rule, "combine": combine, "num_splits": ns, "us": us,
-                     "floor_us": floor_us, "rel_err": err_of(rule=rule, combine=combine),
+    for impl, combine in VARIANTS:
+        ns = choose_config(t, hq, hkv, d, kv, elem, num_sms, TreeAttentionLaunch(combine=combine)).num_splits
+        us = time_calls([ours_call(i, combine=combine) for i in range(n_sets)], device)
+        rows.append({**base, "impl": impl, "combine": combine, "num_splits": ns, "us": us,
+                     "floor_us": floor_us, "rel_err": err_of(combine=combine),
                      "model_us": predicted(ns, combine)})
 
     # The same call on one L2-resident set, n_sets times: what is left without DRAM latency (and TLB
@@ -237,7 +233,7 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
     if pdl_available(device):
         for impl, combine in (("triton_pdl", "separate"), ("triton_kernel_pdl", "kernel")):
             us_pdl = time_calls([ours_call(i, pdl=True, combine=combine) for i in range(n_sets)], device)
-            ns = choose_config(t, hq, hkv, d, kv, elem, num_sms, combine=combine).num_splits
+            ns = choose_config(t, hq, hkv, d, kv, elem, num_sms, TreeAttentionLaunch(combine=combine)).num_splits
             rows.append({**base, "impl": impl, "combine": combine, "num_splits": ns, "us": us_pdl,
                          "floor_us": floor_us, "rel_err": err_of(pdl=True, combine=combine)})
 
@@ -269,11 +265,8 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
 
 
 # Tile sweep: which (BLOCK_M, BLOCK_N, warps, stages, splits) the many-row shapes want. Rows per KV
-# head = queries x group: 256 for 64 queries of 32/8 heads. The first sweeps (kernels_tiles_2026-12-03
-# and -03b) made BLOCK_M 128 the default from 64 rows on: a key block costs a 128-row tile about what
-# it costs a 64-row one, so fewer row tiles leave each split more keys. BLOCK_M 256 (16 warps) reads
-# each K/V block once per split for 64 queries of 32/8 heads, where BLOCK_M 128 reads it twice; it
-# lost to BLOCK_M 128 by 1.4-2x at all 6 shapes it was timed on (kernels_tiles_2026-12-03e).
+# head = queries x group: 256 for 64 queries of 32/8 heads. BLOCK_M 256 (16 warps) reads each K/V
+# block once per split there, where BLOCK_M 128 reads it twice, yet loses to it (docs/decisions.md).
 TILE_GRID = ([(64, bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
              + [(128, bn, 8, st) for bn in (32, 64, 128) for st in (2, 3, 4)]
              + [(256, bn, 16, st) for bn in (32, 64) for st in (2, 3)])
@@ -301,7 +294,7 @@ def parse_tile_shapes(text: str) -> list[tuple[int, int, tuple[int, int, int]]]:
 
 def parse_tiles(text: str) -> list[tuple[int, int, int, int, bool]]:
     """"block_m/block_n/warps/stages[/tma],..." -> [(block_m, block_n, warps, stages, tma)]; a trailing
-    "/tma" reads the prefix K/V through TMA descriptors (`tree_attention(tma=True)`)."""
+    "/tma" reads the prefix K/V through TMA descriptors (`TreeAttentionLaunch(tma=True)`)."""
     tiles = []
     for x in text.split(","):
         parts = x.split("/")
@@ -338,12 +331,13 @@ def bench_attention_tiles(kv, t, hq, hkv, d, dtype, device, bw, gen, tiles=TILE_
             kw = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "num_splits": ns,
                   "tma": bool(tma and tma[0])}
             row = {**base, "impl": "triton_tile", **kw}
+            lc = TreeAttentionLaunch(**kw)
             try:
-                o = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed, **kw)
+                o = tree_attention(q[0], k[0], v[0], pl, mask, scale, packed_mask=packed, launch=lc)
                 row["rel_err"] = float((o.double() - ref).norm() / ref.norm())
                 row["us"] = time_calls([
-                    (lambda i=i, kw=kw: tree_attention(q[i], k[i], v[i], pl, mask, scale, packed_mask=packed,
-                                                      out=outs[i], **kw)) for i in range(n_sets)], device)
+                    (lambda i=i, lc=lc: tree_attention(q[i], k[i], v[i], pl, mask, scale, packed_mask=packed,
+                                                      out=outs[i], launch=lc)) for i in range(n_sets)], device)
             except Exception as e:  # out of shared memory / registers: record and go on
                 row.update(us=float("nan"), rel_err=float("nan"), error=f"{type(e).__name__}: {str(e)[:120]}")
             rows.append(row)
@@ -634,7 +628,6 @@ def main(argv: list[str] | None = None) -> int:
     cmp_us = var.pivot_table(index=key, columns="impl", values="us", aggfunc="first")
     cmp_us.columns = [c.replace("triton_", "").replace("triton", "model_separate") for c in cmp_us.columns]
     cmp_us["splits_model"] = df[df.impl == "triton"].set_index(key).num_splits
-    cmp_us["splits_legacy"] = df[df.impl == "triton_legacy_separate"].set_index(key).num_splits
     cmp_us["predicted_model_sep"] = ours.model_us
     cmp_us["worst_err"] = var.groupby(key).rel_err.max()
     pd.set_option("display.width", 200)
@@ -661,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     tgt = tg.pivot_table(index=["vocab", "queries"], columns="impl", values="us")
     tgt["floor_us"] = tg.groupby(["vocab", "queries"]).floor_us.first()
     print(tgt.round(2).to_string())
-    print("\nvariants (µs): num_splits rule legacy|model x combine separate|kernel (model_separate = default):")
+    print("\nvariants (µs): combine separate|kernel (model_separate = default):")
     print(cmp_us.round(1).to_string())
     print("\ntree attention, bf16, batch 1 (µs; ours = model rule + separate combine; floor = bytes / measured copy bw):")
     print(wide.round({"triton": 1, "sdpa_mask": 1, "sdpa_nomask": 1, "floor": 2, "err": 4, "goal_us": 1}).to_string())

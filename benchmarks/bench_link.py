@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from swiftspec.files import atomic_write_text, run_metadata
 
 BS = 8
 SUB, VER = 3 + 3 * BS, 4 + BS
@@ -75,8 +78,6 @@ def _shm(rank, buf, conns, iters, q):
 
 
 def _free_port():
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -104,8 +105,6 @@ def measure(kind: str, iters: int) -> dict:
 
 
 def main() -> None:
-    from swiftspec.files import atomic_write_text, run_metadata
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=2000)
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """Time `swiftspec plan --gpus 8` (default settings) end to end; median of 3 runs.
 
-Writes benchmarks/results/plan_speed.json with the machine's metadata. Target: <= 20 s on the
-2-core CI machine (issue 2, "Speed"). Run: python benchmarks/bench_plan_speed.py [--runs 3]
+Writes benchmarks/results/plan_speed.json with the machine's metadata. Target: <= 20 s on a
+2-core CI machine. Run: python benchmarks/bench_plan_speed.py [--runs 3]
 """
 
 from __future__ import annotations

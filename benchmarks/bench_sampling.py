@@ -26,7 +26,7 @@ import pandas as pd
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.runtime.generate import generate_from_checkpoints, make_policy
 from swiftspec.runtime.launch import load_prompts
-from swiftspec.spec import Mode, ModelSpec, UserError
+from swiftspec.spec import Mode, ModelSpec, SamplingParams, UserError
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REAL = Path.home() / ".cache" / "swiftspec" / "real"
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         policy = make_policy(Mode.serial, args.bs, args.w, args.d)
         for t in temps:
             for i, prompt in enumerate(ids):
-                common = dict(prompt_ids=prompt, max_new_tokens=args.max_new_tokens, eos=False, temperature=t,
-                              sample_seed=i)  # fmt: skip
+                common = dict(prompt=prompt, max_new_tokens=args.max_new_tokens, eos=False,
+                              sampling=SamplingParams(temperature=t, seed=i))  # fmt: skip
                 ar = generate_from_checkpoints(args.target, mode=Mode.autoregressive, **common)
                 sp = generate_from_checkpoints(args.target, args.draft, mode=Mode.serial, policy=policy, **common)
                 rows.append({"temperature": t, "prompt": i, "policy": policy.key, "mean_accepted": sp.mean_accepted,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import json
 import statistics
@@ -31,6 +32,7 @@ import torch
 
 from swiftspec.files import atomic_write_text, run_metadata
 from swiftspec.runtime.graphs import GraphRunner
+from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.weights import load_model
 from swiftspec.spec import ModelSpec, resolve_model_path
@@ -80,9 +82,10 @@ def bytes_read(spec: ModelSpec, tokens: int, kv_len: int, tp: int = 1) -> int:
 
 
 def bench_ours(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
-    model = load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
-                       num_layers=args.layers)  # fmt: skip
-    model.set_fusion(args.fuse)
+    # the runtime's kernels on the device with the attention asked for; the small ops eager or compiled
+    kernels = KernelConfig.resolve(device, attention=args.attention)
+    kernels = dataclasses.replace(kernels, fusion="compile" if args.fuse else "off")
+    model = load_model(name, weights="random", device=device, dtype=dtype, num_layers=args.layers, kernels=kernels)
     spec, rows = model.spec, []
     for kv in args.kv:
         cache = KVCache(spec, model.shard, kv + max(args.tokens), device, dtype)
@@ -93,7 +96,7 @@ def bench_ours(args, name: str, device: torch.device, dtype: torch.dtype, bw: fl
             mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
             floor = bytes_read(spec, t, kv) / bw * 1e3
             base = dict(model=spec.name, layers=spec.num_layers, tokens=t, kv_len=kv, floor_ms=floor,
-                        bytes=bytes_read(spec, t, kv), attention=args.attention + ("+fused" if model.fused else ""))  # fmt: skip
+                        bytes=bytes_read(spec, t, kv), attention=args.attention + ("+fused" if args.fuse else ""))  # fmt: skip
             ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, 10, device)  # noqa: B023
             impl = "swiftspec-graph" if runner.use_graphs else "swiftspec-eager"
             rows.append({**base, "impl": impl, "median_ms": statistics.median(ms),
@@ -121,8 +124,6 @@ def bench_hf(args, name: str, device: torch.device, dtype: torch.dtype, bw: floa
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     spec = ModelSpec.from_config(folder, dtype_bytes=2 if dtype != torch.float32 else 4)
     if args.layers:
-        import dataclasses
-
         spec = dataclasses.replace(spec, num_layers=args.layers)
     rows = []
     with torch.no_grad():
@@ -173,7 +174,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--attention", default="torch", help="torch | triton")
-    ap.add_argument("--fuse", action="store_true", help="torch.compile the elementwise ops (Transformer.set_fusion)")
+    ap.add_argument("--fuse", action="store_true", help="torch.compile the elementwise ops (KernelConfig.fusion 'compile')")
     ap.add_argument("--layers", type=int, default=None, help="keep only the first n layers")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--hf-reps", type=int, default=5)

@@ -1,45 +1,35 @@
-"""Decode/verify step with the per-layer small ops fused three ways, against the HBM floor (issue 4).
+"""Decode/verify step with the per-layer small ops fused three ways, against the HBM floor.
 
     python benchmarks/bench_step_kernels.py                 # on the H200: < 3 minutes
     TRITON_INTERPRET=1 python benchmarks/bench_step_kernels.py --device cpu --models PATH \\
         --tokens 1,4 --kv 32 --reps 2 --out /tmp/bsk       # CPU smoke run (tiny checkpoint folder)
 
 Step ("kind" = step): Llama-3-8B and Llama-3.2-1B shapes (random bf16 weights), 1 and 64 new tokens
-(decode; tree verify with a causal mask), kv 1024 and 4096, Triton tree attention, with
-`Transformer.set_fusion` "off" (eager ops), "compile" (torch.compile of RMSNorm / RoPE / silu*up)
-and "triton" (swiftspec.kernels: add+RMSNorm, RoPE+KV write, silu*up; 4 launches per layer).
+(decode; tree verify with a causal mask), kv 1024 and 4096, Triton tree attention. Each mode
+(--fusions) is one `KernelConfig` over the same loaded weights (`Transformer.with_kernels`):
+fusion "off" (eager ops), "compile" (torch.compile of RMSNorm / RoPE / silu*up) or "triton"
+(swiftspec.kernels: add+RMSNorm, RoPE+KV write, silu*up; 4 launches per layer), then suffixes:
+"+gemv" the skinny linear for forwards of <= 16 tokens (linear "triton"; "+gemvN" up to N tokens);
+"+pdl" programmatic dependent launch of every Triton kernel ("+pdllate" its late mode, where each
+kernel lets the next launch only after its main loop, "+pdlnp" early without the skinny linear's
+peeled first tile); "+kernelcombine" tree attention's in-kernel split merge; "+wsN" (e.g. +ws128)
+tree attention of at least N rows (tokens x group) per KV head through the warp-specialized Gluon
+kernel; "+foldnorm" each add+RMSNorm inside the skinny linear after it (the norm weights are then
+folded into the GEMM weights before any mode runs, so every mode runs the same model); "+swiglu"
+silu*up in the gate/up skinny linear's epilogue; "+rope" RoPE + the KV write in the qkv one's;
+"+fp8" a second copy of the model with weight-only fp8 GEMM weights (with "gemv" the fp8 skinny
+linear runs every forward) against its own floor (`bytes_read` of the fp8 spec), its logits
+differing from "off" by the quantization. Without a suffix a choice is off, although the runtime's
+defaults on CUDA turn most of them on (`KernelConfig.resolve`).
 Timed through `GraphRunner.run` with host inputs (one pinned host-to-device copy of the inputs, the
-graph replay, the logits copy: what `ModelRunner` pays per step; before 2026-12-04 the inputs were
-device tensors, copied by ~8 small device ops) and
-as the bare replay, over the HBM floor = (weights + KV bytes) / device-to-device copy bandwidth
-measured in the same run (the definition of benchmarks/bench_step.py). Also per mode: device ops
-(kernels + memsets) of one eager forward of 1 token, counted with torch.profiler, and the logits'
-agreement with "off" (max relative error, argmax agreement) on the same inputs.
-`pred_ms` is the prediction written in benchmarks/KERNELS.md before the run. "gemm_only" rows: the
-step's GEMMs alone in one graph (the part no small-op fusion can remove), with `F.linear` (cuBLAS)
-and, for <= --gemm-gemv-rows tokens (16), the Triton skinny linear (`impl` column). Fusion "triton+gemv" is fusion
-"triton" with `Transformer.set_linear("triton")` (the skinny linear for forwards of <= 16 tokens);
-a "+pdl" suffix turns on programmatic dependent launch of every Triton kernel (`Transformer.set_pdl`;
-"+pdllate" in its late mode, where each kernel lets the next launch only after its main loop,
-"+pdlnp" early without the skinny linear's peeled first tile; without a suffix PDL is off, although
-the runtime's default on Hopper with native weights is late since 2026-12-06, so "+pdllate" is the
-default step),
-a "+kernelcombine" suffix merges tree attention's splits inside its launch (`set_attention(...,
-combine="kernel")`) instead of the default second launch; a "+bm64" suffix keeps tree attention's
-tiles of before the 2026-12-03 tile sweep (`max_block_m=64`) and "+notma" its plain K/V loads where
-the tile rule takes TMA (`tma=False`); "+wsN" (e.g. +ws128) runs tree attention of at least N rows
-(tokens x group) per KV head through the warp-specialized Gluon kernel (`set_attention(...,
-ws_rows=N)`, `kernels.tree_attention_ws`); a "+gemvN" suffix (e.g. triton+gemv64)
-runs the skinny linear up to N tokens instead of 16 (`set_linear("triton", max_rows=N)`). The model
-loads with `fold_norm="off"`, `swiglu="off"` and `rope="off"` (the runtime's defaults on CUDA are on), so only "+foldnorm"
-runs each add+RMSNorm inside the skinny linear after it (`set_linear(..., fold_norm=True)`; the norm
-weights are then folded into the GEMM weights before any mode runs, so every mode runs the same
-model); a "+swiglu" suffix computes silu*up in the gate/up skinny linear's epilogue instead of its
-own launch (`set_linear(..., swiglu=True)`), "+rope" RoPE + the KV write in the qkv skinny linear's
-epilogue instead of `rope_kv`'s launch (`set_linear(..., rope=True)`); a "+fp8" suffix runs a second copy of
-the model with weight-only fp8 GEMM weights (`load_model(weight_format="fp8")`; with "gemv" the
-fp8 skinny linear runs every forward) against its own floor (`bytes_read` of the fp8 spec); its
-logits differ from "off" by the quantization.
+graph replay, the logits copy: what `ModelRunner` pays per step) and as the bare replay, over the
+HBM floor = (weights + KV bytes) / device-to-device copy bandwidth measured in the same run (the
+definition of benchmarks/bench_step.py). Also per mode: device ops (kernels + memsets) of one eager
+forward of 1 token, counted with torch.profiler, and the logits' agreement with "off" (max
+relative error, argmax agreement) on the same inputs. `pred_ms` is the prediction written down
+before the first run. "gemm_only" rows: the step's GEMMs alone in one graph (the part no small-op
+fusion can remove), with `F.linear` (cuBLAS) and, for <= --gemm-gemv-rows tokens (16), the Triton
+skinny linear (`impl` column).
 
 Breakdown ("kind" = breakdown, CUDA only, first kv and --breakdown-tokens): torch.profiler over 5
 graph replays of the step: per kernel category (linear, attention, norm, rope_kv, act, other) the
@@ -54,9 +44,9 @@ graph of 20 calls (inputs L2-resident, as in the step where the GEMM just wrote 
 kernel's bytes floor.
 
 Order: with `--rounds N` every mode is measured N times, the order of --fusions reversed every
-other round (rows: `round`, `position`); the tables show medians over rounds. One round measured
-the same cuBLAS GEMMs 1-10 % slower in whichever mode came second (KERNELS.md, "Sixth session").
-Rounds of whole modes still leave ±10 % between rounds (2026-12-03m). `--paired` captures every mode at
+other round (rows: `round`, `position`); the tables show medians over rounds (an order effect made
+the same cuBLAS GEMMs up to 10 % slower in whichever mode came second, and rounds of whole modes
+still differ by up to 10 %: docs/decisions.md). `--paired` captures every mode at
 once and alternates them step by step, in an order rotated every round (rows kind "paired": each
 mode's time and its ratio to the first mode's in the same round, median and p10/p90 over --reps
 rounds). A drift then moves both sides of every ratio alike: meant for A/B decisions.
@@ -85,19 +75,20 @@ from bench_step import _free, _q, bytes_read, copy_bandwidth, time_ms  # noqa: E
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
 from swiftspec.kernels.gemv import MAX_ROWS, MAX_ROWS_DOT, gemv  # noqa: E402
+from swiftspec.kernels.reference import apply_rope, rms_norm, silu_mul  # noqa: E402
 from swiftspec.kernels.rmsnorm import add_rmsnorm  # noqa: E402
 from swiftspec.kernels.rope_kv import rope_kv  # noqa: E402
 from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel  # noqa: E402
 from swiftspec.profiler.compute import without_comm  # noqa: E402
 from swiftspec.runtime.graphs import GraphRunner  # noqa: E402
+from swiftspec.runtime.kernel_config import KernelConfig  # noqa: E402
 from swiftspec.runtime.kv_cache import KVCache  # noqa: E402
-from swiftspec.runtime.model import apply_rope, rms_norm, silu_mul  # noqa: E402
 from swiftspec.runtime.weights import load_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# Predictions for fusion "triton" (ms per GraphRunner.run step), written down before any GPU run:
-# benchmarks/KERNELS.md, "Fused small ops" (prediction written before its GPU run). Key: (model, tokens, kv_len).
+# Predictions for fusion "triton" (ms per GraphRunner.run step), written down before any GPU run.
+# Key: (model, tokens, kv_len).
 PRED_MS = {
     ("Llama-3-8B", 1, 1024): 4.91, ("Llama-3-8B", 1, 4096): 5.22,
     ("Llama-3-8B", 64, 1024): 5.65, ("Llama-3-8B", 64, 4096): 6.50,
@@ -169,14 +160,10 @@ def paired_rows(args, setup: Callable, cache: KVCache, spec, kv: int, bw: float)
         for r in range(args.reps + 3):  # 3 warm-up rounds
             k = r % len(runners)
             for fusion, runner in runners[k:] + runners[:k]:
-                if not runner.use_graphs:  # eager (CPU): the model runs in whatever mode it is set to
-                    setup(fusion)
                 ms = time_ms(functools.partial(runner.run, toks, pos, pos, kv, mask), 1, 0, device)
                 if r >= 3:
                     times[fusion] += ms
         for fusion, runner in runners:
-            if not runner.use_graphs:
-                setup(fusion)
             # clone: float32 logits are the graph's static output, and runners may share its memory
             outs[fusion] = runner.run(toks, pos, pos, kv, mask).float().clone()
         first = args.fusions[0]
@@ -240,11 +227,27 @@ def breakdown_rows(graph: torch.cuda.CUDAGraph, base: dict, replays: int = 5) ->
     return rows
 
 
+def mode_kernels(args, fusion: str) -> KernelConfig:
+    """The kernels of mode `fusion` ("triton+gemv+pdllate", ...): fusion and attention as named,
+    every other choice off unless a suffix turns it on (the runtime's defaults on CUDA are on)."""
+    fu, *extras = fusion.split("+")
+    gemv_rows = next((int(e[4:]) for e in extras if e.startswith("gemv") and e[4:].isdigit()), None)
+    ws_rows = next((int(e[2:]) for e in extras if e.startswith("ws") and e[2:].isdigit()), 0)
+    pdl = {"pdllate": "late", "pdlnp": "early-nopeel", "pdl": "early"}
+    return KernelConfig(
+        attention=args.attention, attention_combine="kernel" if "kernelcombine" in extras else "separate",
+        attention_ws_rows=ws_rows if args.attention == "triton" else 0, fusion=fu,
+        linear="triton" if "gemv" in extras or gemv_rows else "torch", linear_max_rows=gemv_rows,
+        fold_norm="foldnorm" in extras, swiglu="swiglu" in extras, rope="rope" in extras,
+        pdl=next((pdl[e] for e in extras if e in pdl), "off"), weight_format="fp8" if "fp8" in extras else "native",
+    )
+
+
 def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
     def load(fmt: str):
-        model = load_model(name, weights="random", device=device, dtype=dtype, attention=args.attention,
-                           num_layers=args.layers, weight_format=fmt, fold_norm="off", swiglu="off", rope="off",
-                           tp_rank=0, tp_size=args.tp)  # fmt: skip
+        kernels = KernelConfig(attention=args.attention, weight_format=fmt)
+        model = load_model(name, weights="random", device=device, dtype=dtype, num_layers=args.layers,
+                           tp_rank=0, tp_size=args.tp, kernels=kernels)  # fmt: skip
         without_comm(model)  # rank 0 of a shard on one device, as the profiler times it
         return model
 
@@ -255,29 +258,19 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
     spec, rows, logits = native.spec, [], {}
 
     def setup(fusion: str):
-        """The model that runs `fusion` ("triton+gemv+bm64", ...), configured for it."""
+        """The model that runs `fusion` ("triton+gemv+pdllate", ...): the loaded weights, its kernels."""
         nonlocal fp8_model
-        fu, *extras = fusion.split("+")
-        if "fp8" in extras and fp8_model is None:
+        kernels = mode_kernels(args, fusion)
+        if kernels.weight_format == "fp8" and fp8_model is None:
             fp8_model = load("fp8")
-        model = fp8_model if "fp8" in extras else native
-        model.set_fusion(fu)
-        gemv_rows = next((int(e[4:]) for e in extras if e.startswith("gemv") and e[4:].isdigit()), None)
-        model.set_linear("triton" if "gemv" in extras or gemv_rows else "torch", max_rows=gemv_rows,
-                         fold_norm="foldnorm" in extras, swiglu="swiglu" in extras, rope="rope" in extras)
-        if model.attention == "triton":
-            ws_rows = next((int(e[2:]) for e in extras if e.startswith("ws") and e[2:].isdigit()), 0)
-            model.set_attention("triton", combine="kernel" if "kernelcombine" in extras else "separate",
-                                max_block_m=64 if "bm64" in extras else 128, tma=False if "notma" in extras else None,
-                                ws_rows=ws_rows)
-        model.set_pdl("late" if "pdllate" in extras else "early-nopeel" if "pdlnp" in extras else "pdl" in extras)
-        return model
+        # the copy keeps the loaded model's weights and its skipped communication (`without_comm`)
+        return (fp8_model if kernels.weight_format == "fp8" else native).with_kernels(kernels)
 
     for kv in args.kv:
         cache = KVCache(spec, native.shard, kv + max(args.tokens), device, dtype)
-        # A random prefix (since 2026-12-06, -06o): with the zeroed one, keys of score 0 and values 0
-        # diluted every step's attention so much that two attention kernels gave identical logits,
-        # and the error columns compared next to nothing.
+        # A random prefix: with a zeroed one, keys of score 0 and values 0 dilute every step's
+        # attention so much that two attention kernels give identical logits, and the error
+        # columns compare next to nothing.
         cache.kv.normal_(generator=torch.Generator(device).manual_seed(kv))
         if args.paired:
             rows += paired_rows(args, setup, cache, spec, kv, bw)
@@ -312,8 +305,6 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
         _free(device)
     fp8_model = None
     _free(device)
-    native.set_linear("torch")
-    native.set_pdl(False)
     rows += gemm_rows(args, native, device, bw)
     if not args.no_kernels:
         rows += bench_kernels(args, native, device, dtype, bw)
@@ -433,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch (+pdllate: late mode, +pdlnp: early without the peeled tile), +kernelcombine (tree attention's"
-                         " in-kernel combine), +bm64 (attention tiles of before 2026-12-03), +notma (no TMA K/V loads), +wsN (Gluon warp-specialized attention from N rows), +gemvN (skinny linear up to N"
+                         " in-kernel combine), +wsN (Gluon warp-specialized attention from N rows), +gemvN (skinny linear up to N"
                          " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear), +swiglu (silu*up in the gate/up skinny linear), +rope (RoPE + KV write in the qkv one) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
     ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,
                     help=f"GEMMs-alone table: the skinny linear too for up to this many tokens (default {MAX_ROWS},"

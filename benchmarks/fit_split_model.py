@@ -1,7 +1,7 @@
 """Fit `SplitCostModel` (tree attention's num_splits rule) to a measured num_splits sweep.
 
     python benchmarks/bench_kernels.py --fit-sweep            # on the GPU: ~2 minutes
-    python benchmarks/fit_split_model.py benchmarks/results/kernels_fit_2026-12-03.csv
+    python benchmarks/fit_split_model.py SWEEP.csv            # the sweep it wrote
 
 Least squares on the relative error of `SplitCostModel.time_us` (the library's own formula) over
 every row of the sweep (impl "triton_sweep", one combine mode). Prints the fitted constants as a
@@ -19,18 +19,19 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from swiftspec.kernels.tree_attention import SplitCostModel, choose_config
+from swiftspec.kernels.tree_attention import SplitCostModel
 
 FITTED = ("fixed_us", "block_us_wide", "block_us_narrow", "ctas_per_sm_wide", "ctas_per_sm_narrow",
           "split_program_us", "combine_us", "merge_per_split_us", "partial_bytes_per_us")
 
 
 def shape_args(r) -> tuple:
-    """(rows, hkv, d, max_len, block_m, block_n) of one sweep row, tiles as the library picks them."""
+    """(rows, hkv, d, max_len, block_m, block_n) of one sweep row, at the tiles the fit sweeps ran
+    (those before the tile sweeps: BLOCK_M 16..64 by the rows, BLOCK_N 64 at D 128, 128 below)."""
     hq, hkv = map(int, r.heads.split("/"))
     t, d, kv = int(r.queries), int(r.head_dim), int(r.kv)
-    cfg = choose_config(t, hq, hkv, d, kv, 2, 132, num_splits=1, max_block_m=64)  # the fit sweeps ran these tiles
-    return t * hq // hkv, hkv, d, kv, cfg.block_m, cfg.block_n
+    rows = t * hq // hkv
+    return rows, hkv, d, kv, min(64, max(16, 1 << (rows - 1).bit_length())), 64 if d >= 128 else 128
 
 
 def fit(df: pd.DataFrame, merge_over: str, num_sms: int = 132) -> tuple[SplitCostModel, pd.DataFrame]:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issues 8 and 9 in ONE device call each: draft and target on separate GPUs over NCCL — profile,
+# Multi-GPU runs in ONE device call each: draft and target on separate GPUs over NCCL — profile,
 # plan, run, compare. Keep NCCL_NVLS_ENABLE=0 etc. (set below).
 #
-#   GPUS=2 bash benchmarks/gpu_multi.sh     # nvidia-h200-x2 (issue 8), ≈ 5-6 min
-#   GPUS=8 bash benchmarks/gpu_multi.sh     # nvidia-h200-x8 (issue 9), ≈ 8-10 min; PAIRS=... to split it
+#   GPUS=2 bash benchmarks/gpu_multi.sh     # two GPUs, ≈ 5-6 min
+#   GPUS=8 bash benchmarks/gpu_multi.sh     # eight GPUs, ≈ 8-10 min; PAIRS=... to split it
 #   DEVICE=cpu SMOKE=1 GPUS=2 bash benchmarks/gpu_multi.sh   # CPU smoke run: gloo ranks, tiny shapes
 #   WEIGHT_FORMAT=fp8 GPUS=8 bash benchmarks/gpu_multi.sh     # the same with weight-only fp8 models
 #
@@ -20,10 +20,10 @@
 #    `plan --gpus GPUS --modes async` (the best async split and tree), then `run` that plan with
 #    random weights: async plus the serial and autoregressive baselines over all GPUS in the same
 #    launch, PROMPTS x MAX_NEW tokens, measured against predicted (re-simulated for the run).
-#    Defaults: GPUS=2 (issue 8) (a) Llama-3-8B + Llama-3.2-1B, acceptance of the measured SmolLM2 /
+#    Defaults: GPUS=2: (a) Llama-3-8B + Llama-3.2-1B, acceptance of the measured SmolLM2 /
 #    int3 pair; (b) the offline SmolLM2 pair's shapes (benchmarks/configs: 135M target, drop-10
 #    draft; the weights cannot go to the GPU machine) with that pair's measured acceptance.
-#    GPUS=8 (issue 9): Llama-3-70B + Llama-3.2-3B and Qwen2-72B + Qwen2-1.5B, acceptance fitted to
+#    GPUS=8: Llama-3-70B + Llama-3.2-3B and Qwen2-72B + Qwen2-1.5B, acceptance fitted to
 #    the paper's Table 7 (synthetic).
 #
 # Writes $OUT/multi.log (everything printed) and $OUT/multi.tgz (profile/, plan_<i>.json, run_<i>/):

@@ -72,12 +72,6 @@ f = c[(c.op == "forward") & (c.kv_len == 2048) & c.tokens.isin([1, 8, 64, 256])]
 t = f.pivot_table(index=["model", "tp"], columns="tokens", values="ms").round(3)
 print("forward ms of one TP shard (no communication), kv_len 2048, by tokens:")
 print(t.to_string())
-a = c[(c.op == "forward") & (c.kv_len == 512)]
-print("\nDESIGN.md anchors (kv 1024 there; kv 512 here):")
-for m, tp, tok, ref in (("Llama-3.2-1B", 1, 1, 1.39), ("Llama-3.2-1B", 1, 16, 1.91), ("Llama-3-8B", 1, 1, 5.34),
-                        ("Llama-3-8B", 1, 64, 7.23), ("Llama-3-70B", 8, 1, 9.23), ("Llama-3-70B", 8, 64, 13.0)):
-    r = a[(a.model == m) & (a.tp == tp) & (a.tokens == tok)]
-    print(f"  {m} tp{tp} {tok} tokens: {r.ms.item() if len(r) else float('nan'):.3f} ms (DESIGN {ref} ms)")
 h = c[c.op == "host"]
 print("\nhost ms per iteration:", dict(zip(h.model, h.ms.round(3))))
 PYEOF

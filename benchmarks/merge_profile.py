@@ -11,7 +11,7 @@ comm.csv stays BASE's. meta.json stays BASE's, with NEW's `skipped`/`incomplete_
 the replaced models and one entry under `merged` (date, command, models, kernels) so the file says
 which rows are newer; each kernel setting (attention, rope, ...) becomes the one all models' rows
 were measured with, or "mixed". Used after a kernel change that only some models' rows need
-(KERNELS.md, BENCHMARKS README "Re-profile"). OUT is written through a temporary folder: on error nothing is left behind.
+(benchmarks/README.md). OUT is written through a temporary folder: on error nothing is left behind.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from swiftspec.runtime.weights import KERNEL_SETTINGS
+from swiftspec.runtime.kernel_config import KERNEL_SETTINGS
 
 # meta.json keys naming the kernels a profile was measured with (the weight format must match: checked)
 KERNELS = tuple(k for k in KERNEL_SETTINGS if k != "weight_format")

@@ -1,6 +1,5 @@
 """How to widen fp8 weights in the skinny linear, and whether to split K: the one-off sweep on the
-H200 that chose `kernels.gemv`'s fp8 path (results/fp8_widen_sweep-2026-12-03.json; KERNELS.md,
-seventh session).
+H200 that chose `kernels.gemv`'s fp8 path (docs/decisions.md).
 
     python benchmarks/sweep_fp8_widen.py --out OUT_DIR --rows 1,16      # on the GPU, ~45 s
 

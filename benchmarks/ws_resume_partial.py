@@ -27,7 +27,7 @@ import pandas as pd
 
 from swiftspec.files import atomic_write_text
 from swiftspec.kernels.tree_attention_ws import check_ws_shape
-from swiftspec.runtime.weights import ATTENTION_WS_MIN_TOKENS, ATTENTION_WS_ROWS
+from swiftspec.runtime.kernel_config import ATTENTION_WS_MIN_TOKENS, ATTENTION_WS_ROWS
 from swiftspec.spec import ModelSpec, UserError
 
 _spec = functools.cache(ModelSpec.from_config)

@@ -1,16 +1,28 @@
 """The `swiftspec` command: thin wrappers that parse flags, call library functions, print.
 
 Each verb lives in its own section below. Bad input raises `UserError` anywhere below; `main`
-turns it into one line on stderr and exit code 2 (no traceback).
+turns it into one line on stderr and exit code 2 (no traceback). The verbs that run models
+(generate, profile compute/comm/acceptance, run, validate) and `study` (matplotlib) import their
+library inside their function: `plan`, `simulate` and `--help` start without torch and Triton,
+seconds faster.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 import sys
+from dataclasses import replace
 
 import click
+from tqdm import tqdm
 
-from swiftspec.spec import UserError
+from swiftspec.files import atomic_write_text
+from swiftspec.profiler.check import check_profile
+from swiftspec.sim.engine import Workload, to_chrome_trace
+from swiftspec.sim.search import SearchSpace, breakdown_table, load_inputs, predict_plan, search
+from swiftspec.spec import Mode, Plan, SamplingParams, UserError, to_jsonable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -67,8 +79,6 @@ def _plan_table_text(table, top: int) -> str:
 def _progress(as_json: bool):
     if as_json or not sys.stderr.isatty():
         return None
-    from tqdm import tqdm
-
     return lambda it: tqdm(it, desc="simulating", unit="config", file=sys.stderr, leave=False)
 
 
@@ -105,12 +115,6 @@ def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w,
     parts of the configuration shrink the search; fully pinned, it is one prediction. The
     winning plan is written only when -o is given.
     """
-    import json
-
-    from swiftspec.sim.engine import Workload
-    from swiftspec.sim.search import SearchSpace, breakdown_table, load_inputs, search
-    from swiftspec.spec import Mode, to_jsonable
-
     mode_list = tuple(Mode.parse(m.strip()) for m in modes.split(",") if m.strip()) if modes else tuple(Mode)
     space = SearchSpace(gpus=gpus, modes=mode_list, draft_gpus=draft_gpus, bs=bs, w=w, d=d,
                         gpus_per_node=gpus_per_node, device=device)
@@ -179,14 +183,6 @@ def _ref_path(ref, builtin_ok: bool = False) -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prediction) on stdout.")
 def simulate(plan_path, profile_dir, acceptance, requests, seed, trace, as_json) -> None:
     """Re-predict one plan with the simulator (same workload unless overridden)."""
-    import json
-    from dataclasses import replace
-
-    from swiftspec.files import atomic_write_text
-    from swiftspec.sim.engine import Workload, to_chrome_trace
-    from swiftspec.sim.search import breakdown_table, load_inputs, predict_plan
-    from swiftspec.spec import Plan, to_jsonable
-
     p = Plan.load(plan_path)
     inputs = load_inputs(p.target, p.draft, profile_dir or _ref_path(p.profile, builtin_ok=True),
                          acceptance or _ref_path(p.acceptance), p.device)
@@ -217,6 +213,42 @@ def simulate(plan_path, profile_dir, acceptance, requests, seed, trace, as_json)
     click.echo(breakdown_table(pred.breakdown_ms, p.mode).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if trace:
         click.echo(f"wrote {trace}")
+
+
+# ---- sampling options (generate, run, profile acceptance) ----------------------------------
+
+# SamplingParams' words for its fields -> the flags that set them (its errors then name the flag)
+_SAMPLING_FLAGS = {"temperature": "--temperature", "top-k": "--sample-top-k", "top-p": "--sample-top-p"}
+
+
+def _sampling_params(temperature: float, seed: int, top_k: int, top_p: float) -> SamplingParams:
+    try:
+        return SamplingParams(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p)
+    except UserError as e:
+        msg = re.sub(r"(?<![\w-])(temperature|top-k|top-p)\b", lambda m: _SAMPLING_FLAGS[m[1]], str(e))
+        raise UserError(msg) from None
+
+
+def sampling_options(command):
+    """Add --temperature, --sample-seed, --sample-top-k and --sample-top-p to a command, which
+    receives them as one `sampling: SamplingParams` (checked before the command runs)."""
+
+    @click.option("--temperature", type=float, default=0.0, show_default=True,
+                  help="0: greedy. > 0: sample the target at this temperature, losslessly: every mode gives "
+                       "the tokens target-only sampling gives with the same --sample-seed.")
+    @click.option("--sample-seed", type=int, default=0, show_default=True,
+                  help="Seed of the sampling draws (prompt i of a set: seed + i).")
+    @click.option("--sample-top-k", type=int, default=0, show_default=True,
+                  help="With --temperature: sample only among the k most likely tokens (0: off).")
+    @click.option("--sample-top-p", type=float, default=1.0, show_default=True,
+                  help="With --temperature: sample only from the smallest set of most likely tokens whose "
+                       "probability reaches p (nucleus; 1: off).")
+    @functools.wraps(command)
+    def with_sampling(*args, temperature, sample_seed, sample_top_k, sample_top_p, **kwargs):
+        sampling = _sampling_params(temperature, sample_seed, sample_top_k, sample_top_p)
+        return command(*args, sampling=sampling, **kwargs)
+
+    return with_sampling
 
 
 # ---- generate (swiftspec.runtime) ----------------------------------------------------------
@@ -250,47 +282,36 @@ def _int_list(text: str | None, flag: str) -> list[int] | None:
 @click.option("--max-len", type=int, default=4096, show_default=True, help="Most KV-cache slots per model.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
 @click.option("--weight-format", default="native", show_default=True,
-              help="native | fp8 (weight-only float8 e4m3 GEMM weights, per-row scales: a quantized model; "
-                   "on the H200 the 8B step is about 25 % faster at 1 token, slower above 32 tokens).")
+              help="native | fp8 (weight-only float8 e4m3 GEMM weights, per-row scales: a quantized model, "
+                   "faster at few tokens per forward, slower at many; docs/decisions.md).")
 @click.option("--tree-growth", default="auto", show_default=True,
-              help="The draft's top-k: auto | torch | triton | graph (replayed from CUDA graphs: faster alone, "
-                   "no faster in a decode on the H200).")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0: greedy. > 0: sample the target at this temperature; lossless in every mode (each "
-                   "token is the target's own draw, so the output equals autoregressive sampling with the "
-                   "same --sample-seed).")
-@click.option("--sample-seed", type=int, default=0, show_default=True, help="Seed of the sampling draws.")
-@click.option("--sample-top-k", type=int, default=0, show_default=True,
-              help="With --temperature: sample only among the k most likely tokens (0: off). Still lossless.")
-@click.option("--sample-top-p", type=float, default=1.0, show_default=True,
-              help="With --temperature: sample only from the smallest set of most likely tokens whose "
-                   "probability reaches p (nucleus; 1: off). Still lossless.")
+              help="The draft's top-k: auto (the device's default) | torch | triton | graph (replayed from CUDA "
+                   "graphs; torch off CUDA).")
+@sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_ids, max_new_tokens, device,
-             dtype, weights, eos, max_len, seed, weight_format, tree_growth, temperature, sample_seed,
-             sample_top_k, sample_top_p, as_json) -> None:  # fmt: skip
+             dtype, weights, eos, max_len, seed, weight_format, tree_growth, sampling, as_json) -> None:  # fmt: skip
     """Decode one prompt on one process: autoregressive, chain or serial (tree) speculation."""
-    import json
-
-    from swiftspec.runtime.generate import generate_from_checkpoints, make_policy
-    from swiftspec.spec import Mode, to_jsonable
+    from swiftspec.runtime.generate import LoadOptions, generate_from_checkpoints, make_policy
 
     m = Mode.parse(mode)
     policy = make_policy(m, bs, w, d, max_depth, _int_list(topology, "--topology"))
+    if (prompt is None) == (prompt_ids is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    load = LoadOptions(device=device, dtype=dtype, weights=weights, seed=seed, weight_format=weight_format,
+                       tree_growth=tree_growth, max_len=max_len)
     res = generate_from_checkpoints(
-        target, draft if m is not Mode.autoregressive else None, mode=m, policy=policy, prompt=prompt,
-        prompt_ids=_int_list(prompt_ids, "--prompt-ids"), max_new_tokens=max_new_tokens, device=device,
-        dtype=dtype, weights=weights, eos=eos, max_len=max_len, seed=seed, weight_format=weight_format,
-        tree_growth=tree_growth, temperature=temperature, sample_seed=sample_seed, sample_top_k=sample_top_k,
-        sample_top_p=sample_top_p,
+        target, draft if m is not Mode.autoregressive else None, mode=m, policy=policy,
+        prompt=prompt if prompt is not None else _int_list(prompt_ids, "--prompt-ids"),
+        max_new_tokens=max_new_tokens, sampling=sampling, load=load, eos=eos,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(to_jsonable(res.to_dict())))
         return
     cut = ((f", top-k {res.sample_top_k}" if res.sample_top_k else "")
            + (f", top-p {res.sample_top_p:g}" if res.sample_top_p < 1 else ""))
-    sampling = f"  temperature: {res.temperature:g}{cut} (seed {sample_seed})" if res.temperature > 0 else ""
-    click.echo(f"mode: {res.mode}  policy: {res.policy}  device: {device}  dtype: {dtype}{sampling}")
+    shown = f"  temperature: {res.temperature:g}{cut} (seed {sampling.seed})" if res.temperature > 0 else ""
+    click.echo(f"mode: {res.mode}  policy: {res.policy}  device: {device}  dtype: {dtype}{shown}")
     click.echo(f"weights: {res.weights}" + (f" ({res.weight_format})" if res.weight_format != "native" else ""))
     click.echo(f"tokens: {' '.join(map(str, res.tokens))}")
     if res.text is not None:
@@ -299,6 +320,7 @@ def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_
         f"{len(res.tokens)} tokens in {res.iterations} iterations: {res.tokens_per_s:.1f} tokens/s, "
         f"mean accepted {res.mean_accepted:.2f}, stop: {res.stop}, prefill {res.prefill_ms:.1f} ms"
     )
+
 
 # ---- profile (swiftspec.profiler) ----------------------------------------------------------
 
@@ -343,7 +365,7 @@ def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, 
     """Time forward/layers, embed, LM head, tree growth, KV compaction and host work per iteration."""
     import torch
 
-    from swiftspec.profiler.compute import ComputeGrid, TimingConfig, profile_compute
+    from swiftspec.profiler.compute import ComputeGrid, ComputeOptions, TimingConfig, profile_compute
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dflt = ComputeGrid.default(device, quick)
@@ -354,8 +376,9 @@ def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, 
     )  # fmt: skip
     res = profile_compute(
         [m.strip() for m in models.split(",") if m.strip()], output, device=device, grid=grid,
-        timing=TimingConfig.for_device(device, quick), dtype=dtype, host=host, alias=alias, attention=attention,
-        weight_format=weight_format, attention_ws=attention_ws, time_budget_s=time_budget,
+        timing=TimingConfig.for_device(device, quick),
+        options=ComputeOptions(dtype=dtype, host=host, alias=alias, attention=attention, weight_format=weight_format,
+                               attention_ws=attention_ws, time_budget_s=time_budget),
         progress=sys.stderr.isatty(),
         log=None if sys.stderr.isatty() else (lambda line: click.echo(line, err=True)),
     )  # fmt: skip
@@ -413,34 +436,26 @@ def profile_comm_cmd(output, sizes, world, device, graphs, timeout_s) -> None:
 @click.option("--draft-weight-format", default=None,
               help="native | fp8 for the draft alone [default: --weight-format]. --draft = --target with "
                    "--draft-weight-format fp8 measures how often the fp8 model's greedy token is the target's.")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0: the target's greedy path. > 0: its sampled path (prompt i seeded --sample-seed + i); the "
-                   "profile then plans sampled decoding.")
-@click.option("--sample-seed", type=int, default=0, show_default=True, help="Seed of prompt 0's draws.")
-@click.option("--sample-top-k", type=int, default=0, show_default=True,
-              help="With --temperature: the target samples only among its k most likely tokens (0: off).")
-@click.option("--sample-top-p", type=float, default=1.0, show_default=True,
-              help="With --temperature: the target samples only from its nucleus of probability p (1: off).")
+@sampling_options
 def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, top_k, policies, accepted_prompts,
-                           output, device, dtype, weight_format, draft_weight_format, temperature,
-                           sample_seed, sample_top_k, sample_top_p) -> None:  # fmt: skip
-    """Record the rank of the target's token in the draft's distribution along the target's path."""
-    from swiftspec.profiler.acceptance import profile_acceptance
+                           output, device, dtype, weight_format, draft_weight_format, sampling) -> None:  # fmt: skip
+    """Record the rank of the target's token in the draft's distribution along the target's path
+    (its greedy path, or its sampled one with --temperature: the profile then plans sampled decoding)."""
+    from swiftspec.profiler.acceptance import AcceptanceOptions, profile_acceptance
 
-    prof = profile_acceptance(
-        target, draft, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
-        policies=[p for p in policies.split(",") if p.strip()], accepted_prompts=accepted_prompts, device=device,
-        dtype=dtype, progress=sys.stderr.isatty(), weight_format=weight_format,
-        draft_weight_format=draft_weight_format, temperature=temperature, sample_seed=sample_seed,
-        sample_top_k=sample_top_k, sample_top_p=sample_top_p,
-    )  # fmt: skip
+    options = AcceptanceOptions(prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
+                                policies=tuple(p for p in policies.split(",") if p.strip()),
+                                accepted_prompts=accepted_prompts)  # fmt: skip
+    prof = profile_acceptance(target, draft, options, sampling, device=device, dtype=dtype, weight_format=weight_format,
+                              draft_weight_format=draft_weight_format, progress=sys.stderr.isatty())  # fmt: skip
     out = output or f"{prof.meta['name']}.json"
     prof.save(out)
     m = prof.meta
     click.echo(f"acceptance: measured ({m['target_name']} <- {m['draft_name']}), {m['positions']} positions on "
                f"{len(prof.traces)} prompts, {m['seconds']} s"
-               + (f", sampled at temperature {temperature:g}" if temperature > 0 else ", greedy")
-               + (f", top-k {sample_top_k}" if sample_top_k else "") + (f", top-p {sample_top_p:g}" if sample_top_p < 1 else ""))
+               + (f", sampled at temperature {sampling.temperature:g}" if not sampling.greedy else ", greedy")
+               + (f", top-k {sampling.top_k}" if sampling.top_k else "")
+               + (f", top-p {sampling.top_p:g}" if sampling.top_p < 1 else ""))
     click.echo("positional (rank 0..7): " + " ".join(f"{p:.3f}" for p in prof.positional[:8]))
     click.echo("draft_prob_by_rank (0..7): " + " ".join(f"{p:.3f}" for p in prof.draft_prob_by_rank[:8]))
     for key, v in prof.accepted.items():
@@ -453,8 +468,6 @@ def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, 
 @click.option("--json", "as_json", is_flag=True, help="Print every held-out point as JSON.")
 def profile_check_cmd(folder, as_json) -> None:
     """Hold out interior grid lines, predict them with the latency model, report the error."""
-    from swiftspec.profiler.check import check_profile
-
     errors, summary = check_profile(folder)
     if as_json:
         click.echo(errors.to_json(orient="records"))
@@ -486,25 +499,20 @@ def profile_check_cmd(folder, as_json) -> None:
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=float,
               help="seconds a collective may wait / the run may make no progress before it is stopped")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--temperature", default=0.0, show_default=True, type=float,
-              help="0: greedy. > 0: sample the target, losslessly (needs --weights checkpoint); every mode then "
-                   "produces the same tokens for the same --sample-seed")
-@click.option("--sample-seed", default=0, show_default=True, type=int, help="seed of prompt 0's draws (prompt i: + i)")
-@click.option("--sample-top-k", default=0, show_default=True, type=int,
-              help="with --temperature: sample only among the k most likely tokens (0: off)")
-@click.option("--sample-top-p", default=1.0, show_default=True, type=float,
-              help="with --temperature: sample only from the nucleus of probability p (1: off)")
+@sampling_options
 def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, out_dir,
-            timeout_s, seed, temperature, sample_seed, sample_top_k, sample_top_p) -> None:
-    """Run a plan with the asynchronous runtime, plus baselines in the same launch; measured vs predicted."""
-    from swiftspec.runtime.launch import RunFailed, format_report, run_plan
+            timeout_s, seed, sampling) -> None:
+    """Run a plan with the asynchronous runtime, plus baselines in the same launch; measured vs predicted.
+    Sampling (--temperature > 0) needs measured acceptance: --weights checkpoint, no --acceptance."""
+    from swiftspec.run import RunOptions, format_report, run_plan
+    from swiftspec.runtime.launch import RunFailed
 
+    options = RunOptions(prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, device=device,
+                         dtype=dtype, weights=weights, acceptance=acceptance,
+                         modes=tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None,
+                         timeout_s=timeout_s, seed=seed)  # fmt: skip
     try:
-        log = run_plan(plan_path, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-                       device=device, dtype=dtype, weights=weights, acceptance=acceptance,
-                       modes=[m.strip() for m in modes.split(",") if m.strip()] if modes else None,
-                       timeout_s=timeout_s, seed=seed, temperature=temperature, sample_seed=sample_seed,
-                       sample_top_k=sample_top_k, sample_top_p=sample_top_p)
+        log = run_plan(plan_path, options, sampling)
     except RunFailed as e:
         click.echo(f"error: run failed: {e}", err=True)
         sys.exit(1)
@@ -521,12 +529,12 @@ def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weig
 @cli.command("study")
 @click.argument("name", required=False)
 @click.option("-i", "--input", "inputs", multiple=True,
-              help="Input file or folder (repeatable; what each study takes: --list) [default: bundled/committed data].")
+              help="Input file or folder (repeatable; what each study takes: --list) [default: bundled data].")
 @click.option("-o", "--output", "out_dir", default="figures", show_default=True, help="Folder for NAME.png and NAME.svg.")
 @click.option("--list", "list_", is_flag=True, help="List the studies with one-line descriptions.")
 def study_cmd(name, inputs, out_dir, list_) -> None:
     """Draw figure NAME as PNG and SVG (studies in swiftspec/studies/, see studies/README.md)."""
-    from swiftspec.studies import list_studies, run_study
+    from swiftspec.studies import list_studies, run_study  # imports matplotlib: only for this command
 
     if list_ or not name:
         if not list_:
@@ -582,11 +590,10 @@ def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights,
     """Predict configurations from a profile, then run them in one process: predicted vs measured."""
     import torch
 
-    from swiftspec.validate import format_report, validate
+    from swiftspec.validate import SweepOptions, format_report, validate
+    from swiftspec.validate import repredict as repredict_sweep
 
     if repredict:
-        from swiftspec.validate import repredict as repredict_sweep
-
         rep = repredict_sweep(repredict, profile=profile_dir, acceptance=acceptance,
                               log=lambda s: click.echo(s, err=True))
         click.echo(format_report(rep))
@@ -595,9 +602,11 @@ def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights,
             click.echo(f"wrote {out_dir}/report.csv, report.json")
         return
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    rep = validate(gpus=gpus, device=device, configs=configs, pairs=_pairs(pairs), profile=profile_dir,
-                   acceptance=acceptance, weights=weights, prompts=prompts, max_new_tokens=max_new_tokens,
-                   calibrate=calibrate_host, seed=seed, passes=passes or (3 if device == "cuda" else 1),
+    pair_list = _pairs(pairs)
+    sweep = SweepOptions(device=device, pairs=tuple(pair_list) if pair_list else None, configs=configs,
+                         weights=weights, prompts=prompts, max_new_tokens=max_new_tokens,
+                         passes=passes or (3 if device == "cuda" else 1), seed=seed, gpus=gpus)  # fmt: skip
+    rep = validate(sweep, profile=profile_dir, acceptance=acceptance, calibrate=calibrate_host,
                    log=lambda s: click.echo(s, err=True))  # fmt: skip
     click.echo(format_report(rep))
     if out_dir:

@@ -68,6 +68,8 @@ def run_metadata(device: str | None = None) -> dict:
         "python": platform.python_version(),
         "host": platform.node(),
     }
+    # torch and triton are heavy: imported here, when a result is stamped, so that `plan` and the
+    # studies (which import this module through spec.py) never load them.
     try:
         import torch
 

@@ -1,4 +1,4 @@
-"""The shared vocabulary of swiftspec (see DESIGN.md): one definition of each name.
+"""The shared vocabulary of swiftspec (see docs/design.md): one definition of each name.
 
 `ModelSpec`, `Split`, `Mode`, `TreePolicy`, `Plan`, `Profile` and `AcceptanceProfile` are used
 with the same meaning by the simulator, the runtime, the CLI flags, the JSON keys and the plots.
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from swiftspec.files import atomic_dir, atomic_write_text
 
 
 class UserError(Exception):
@@ -123,7 +125,7 @@ class ModelSpec:
                 f"{cfg_file}: architecture {raw['model_type']!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # heavy import: paid only when a config is read
 
         cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
         heads = cfg.num_attention_heads
@@ -466,7 +468,7 @@ def file_sha256(path: str | Path) -> str:
 class SourceRef:
     """Where an input came from: path (or `builtin:<name>`), content hash, and its label.
 
-    `label` is what every output repeats, e.g. `derived`, `measured, H200, 2026-12-02` for a
+    `label` is what every output repeats, e.g. `derived`, `measured, NVIDIA H200, <date>` for a
     profile, or `synthetic (qwen2-72b-table7)` / `measured` for an acceptance profile.
     """
 
@@ -566,8 +568,6 @@ class Profile:
 
     def save(self, folder: str | Path) -> None:
         """Write the three files; the folder appears complete or not at all."""
-        from swiftspec.files import atomic_dir
-
         with atomic_dir(folder) as tmp:
             self.compute.to_csv(tmp / "compute.csv", index=False)
             self.comm.to_csv(tmp / "comm.csv", index=False)
@@ -667,8 +667,6 @@ class AcceptanceProfile:
         return ap
 
     def save(self, path: str | Path) -> None:
-        from swiftspec.files import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_dict()) + "\n")
 
     @classmethod
@@ -781,8 +779,6 @@ class Plan:
         return plan
 
     def save(self, path: str | Path) -> None:
-        from swiftspec.files import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod

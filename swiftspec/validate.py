@@ -8,8 +8,8 @@ per model, sized for the largest configuration, reset between prompts). Acceptan
 verifier, and the draft tree is shaped by the profile's log q[rank], so predicted and measured
 accepted lengths agree exactly and the tokens/s error measures latency modelling alone. With
 `passes` > 1 every configuration runs once per pass and its measured numbers are the medians over
-passes: the host is a shared VM whose slow spells (2x host time over a few seconds, runs 15 and
-16) would otherwise decide single configurations.
+passes: on a shared host a slow spell of a few seconds would otherwise decide single
+configurations.
 
 Host work: the profile's `host` rows are per iteration of one reference policy; the runtime's host
 work grows with the draft forwards and the tokens in them. Unless told not to, `validate` first
@@ -25,12 +25,11 @@ and written as rows `host` (base), `host_expansion` (per_forward + per_token x t
 (stand-ins, other policies), not a fit to the configurations validated.
 
 Why stand-ins with the real vocabulary: the eager work around each forward (logits copy out of
-the graph, log-softmax + top-w per drafted row, argmax per verified row) reads vocab-wide rows;
-with vocab 256 it is free, with 128,256 it is not (CPU, OMP_NUM_THREADS=1, medians of 3: per
-draft token 0.014 -> 0.37 ms, per verified node 0.013 -> 0.36 ms). Why the real layer count and
-`replay_ms`: a replay issued after a device sync (the runtime) starts later than the back-to-back
-replays the profile timed; that launch latency, ~0.1 ms per forward on the H200 whatever the
-model, belongs to the host terms. On CUDA a reference fit on the old tiny model (2 layers,
+the graph, log-softmax + top-w per drafted row, argmax per verified row) reads vocab-wide rows,
+which cost nothing at vocab 256 and a large share of the host time at 128,256 (docs/decisions.md).
+Why the real layer count and `replay_ms`: a replay issued after a device sync (the runtime)
+starts later than the back-to-back replays the profile timed; that launch latency belongs to the
+host terms. On CUDA a reference fit on the old tiny model (2 layers,
 vocab 256) is logged too (`host_reference`), for comparison only.
 
 Outputs (folder -o): report.csv (one row per configuration), report.json (rows, summary: median
@@ -41,19 +40,36 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from scipy.optimize import nnls
 
+from swiftspec.files import atomic_dir, run_metadata
+from swiftspec.run import rank_paths
+from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
+from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
 from swiftspec.runtime.graphs import ForwardClock
-from swiftspec.spec import Mode, ModelSpec, Profile, Split, TreePolicy, UserError
+from swiftspec.runtime.kernel_config import KernelConfig, kernel_mismatch
+from swiftspec.runtime.launch import load_prompts
+from swiftspec.runtime.synthetic import SyntheticVerifier, rank_logprobs
+from swiftspec.runtime.tree import tree_slots_needed
+from swiftspec.runtime.weights import load_model
+from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
+from swiftspec.sim.latency import LatencyModel
+from swiftspec.sim.predict_run import RunWorkload, predict_run, run_trajectories
+from swiftspec.sim.profile_default import default_profile
+from swiftspec.sim.tree_dp import best_static_tree
+from swiftspec.spec import AcceptanceProfile, Mode, ModelSpec, Profile, Split, TreePolicy, UserError
 
 REPORT_COLUMNS = (
     "config", "target", "draft", "mode", "policy", "prompts", "max_new_tokens",
@@ -96,8 +112,6 @@ def default_configs(pairs: Sequence[tuple[str, str]], acceptance_positional: Seq
                     limit: int | None = None) -> list[Config]:
     """Per pair: autoregressive (once per target), chain k in CHAIN_K, serial trees DYNAMIC and the
     Sequoia static tree of 8 nodes; interleaved over pairs so that `limit` keeps every pair."""
-    from swiftspec.sim.tree_dp import best_static_tree
-
     _, topo = best_static_tree(list(acceptance_positional), 8)
     static = TreePolicy(bs=len(topo), w=1, d=0, kind="static", topology=tuple(int(p) for p in topo))
     per_pair: list[list[Config]] = []
@@ -140,13 +154,12 @@ def stand_in_config(spec: ModelSpec | None) -> dict:
                 torch_dtype="float32")  # fmt: skip
 
 
-def _stand_in_model(spec: ModelSpec | None, device: str, seed: int = 0):
-    from swiftspec.runtime.weights import load_model
-
+def _stand_in_model(spec: ModelSpec | None, device: str, seed: int = 0, kernels: KernelConfig | None = None):
+    """A random-weight model of `stand_in_config(spec)` (kernels None: the device's defaults)."""
     folder = Path(tempfile.mkdtemp(prefix="swiftspec-validate-"))
     (folder / "config.json").write_text(json.dumps(stand_in_config(spec)))
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    return load_model(folder, weights="random", device=device, dtype=dtype, seed=seed)
+    return load_model(folder, weights="random", device=device, dtype=dtype, seed=seed, kernels=kernels)
 
 
 def replay_ms(runner, repeats: int = 12) -> dict[int, float] | None:
@@ -189,12 +202,6 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
     Returns (rows with the Profile.compute columns, {"base": {mode: ms}, "per_forward": ms,
     "per_token": ms, "per_node": ms, "samples": n, "stand_in": {...}}).
     """
-    from scipy.optimize import nnls
-
-    from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
-    from swiftspec.runtime.generate import GenerateConfig, generate
-    from swiftspec.runtime.synthetic import SyntheticVerifier, rank_logprobs, rank_paths
-
     tmodel = _stand_in_model(target, device, seed)
     same = draft is None or target is None or draft == target
     dmodel = tmodel if same else _stand_in_model(draft, device, seed + 1)
@@ -281,8 +288,6 @@ class ValidationReport:
     meta: dict
 
     def write(self, folder: str | Path) -> Path:
-        from swiftspec.files import atomic_dir
-
         folder = Path(folder)
         doc = {"meta": self.meta, "summary": self.summary,
                "rows": json.loads(self.rows.to_json(orient="records"))}
@@ -322,8 +327,6 @@ def split_errors(rows: pd.DataFrame) -> dict:
 
 
 def _default_profile(device: str) -> str | None:
-    from importlib import resources
-
     if device != "cuda":
         return None
     p = Path(str(resources.files("swiftspec") / "data" / "profiles" / "h200-measured"))
@@ -331,38 +334,49 @@ def _default_profile(device: str) -> str | None:
 
 
 def _default_acceptance() -> str | None:
-    from importlib import resources
-
     p = Path(str(resources.files("swiftspec") / "data" / "acceptance" / "smollm2-135m__int3g32.json"))
     return str(p) if p.exists() else None
 
 
+@dataclass(frozen=True)
+class SweepOptions:
+    """What `validate` predicts and runs.
+
+    device: "cuda" or "cpu"; gpus: devices (1 for now: autoregressive, chain, serial). pairs:
+    (target, draft) names or checkpoint folders (None: `CUDA_PAIRS` on cuda; cpu needs them).
+    configs: only the first N configurations (`default_configs`). weights: "random" or
+    "checkpoint". prompts: builtin prompts per configuration, `max_new_tokens` each. passes: runs
+    of every configuration (measured numbers: medians over passes). seed: random weights, rank
+    paths and the host calibration's prompts.
+    """
+
+    device: str = "cuda"
+    pairs: tuple[tuple[str, str], ...] | None = None
+    configs: int | None = None
+    weights: str = "random"
+    prompts: int = 3
+    max_new_tokens: int = 64
+    passes: int = 1
+    seed: int = 0
+    gpus: int = 1
+
+
 def validate(
+    sweep: SweepOptions = SweepOptions(),
     *,
-    gpus: int = 1,
-    device: str = "cuda",
-    configs: int | None = None,
-    pairs: Sequence[tuple[str, str]] | None = None,
     profile: str | None = None,
     acceptance: str | None = None,
-    weights: str = "random",
-    prompts: int = 3,
-    max_new_tokens: int = 64,
     calibrate: bool = True,
     host_reference: bool | None = None,
-    passes: int = 1,
-    seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> ValidationReport:
-    """Predict, then run, every configuration (module docstring). Returns the report (not written)."""
-    from swiftspec.files import run_metadata
-    from swiftspec.runtime.launch import load_prompts
-    from swiftspec.runtime.synthetic import rank_logprobs, rank_paths
-    from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
-    from swiftspec.sim.latency import LatencyModel
-    from swiftspec.sim.profile_default import default_profile
-    from swiftspec.spec import AcceptanceProfile
-
+    """Predict, then run, every configuration of `sweep` (module docstring) from `profile`
+    (default: the bundled measured one on cuda) and `acceptance` (default: the bundled measured
+    pair). calibrate: measure host work per pair first; host_reference: also fit the tiny
+    reference model (default: on cuda). Returns the report (not written)."""
+    gpus, device, configs, pairs = sweep.gpus, sweep.device, sweep.configs, sweep.pairs
+    weights, prompts, max_new_tokens, passes, seed = (sweep.weights, sweep.prompts, sweep.max_new_tokens,
+                                                      sweep.passes, sweep.seed)
     say = log or (lambda s: None)
     if gpus != 1:
         raise UserError("validate runs on one device for now (--gpus 1): async needs two GPUs and a launcher")
@@ -388,8 +402,6 @@ def validate(
         prof_label = prof.label
     if prof.meta.get("device", "cuda") != device:
         raise UserError(f"profile {profile} was measured on {prof.meta.get('device')}, not {device}")
-    from swiftspec.runtime.weights import kernel_mismatch
-
     # an fp8 profile (`profile compute --weight-format fp8`) is validated on fp8 models
     weight_format = prof.meta.get("weight_format", "native")
     stale = [m for m in kernel_mismatch(prof.meta, device) if not m.startswith("weight_format:")]
@@ -420,8 +432,8 @@ def validate(
             say(f"calibrating host work for {key}: stand-ins {t_spec.num_layers}/{d_spec.num_layers} layers, "
                 f"vocab {t_spec.vocab} ...")
             growth = _tree_growth_fn(base_lat, d_spec)
-            # 3 prompts on CUDA: the fit has 6 terms, and 2 prompts (18 decodes) left them noisy from
-            # pair to pair (validation runs 13-16) though the pairs' host work is about the same
+            # 3 prompts on CUDA: the fit has 6 terms, and 2 prompts (18 decodes) leave them noisy
+            # from pair to pair though the pairs' host work is about the same
             rows, fit = calibrate_host(device, acc, prompts=3 if device == "cuda" else 2, seed=seed, target=t_spec,
                                        draft=d_spec, tree_growth_ms=growth)
             host_fit[key] = fit
@@ -440,7 +452,7 @@ def validate(
     preds = _predict_all(cfgs, lats, acc_model, prompt_lens, max_new_tokens, paths, say)
 
     # 2. run them all in this process
-    measured = _run_all(cfgs, ids, paths, logq, max_new_tokens, device, weights, seed, say, weight_format, passes)
+    measured = _run_all(cfgs, ids, paths, logq, sweep, KernelConfig.resolve(device, weight_format=weight_format), say)
     table = _report_table(cfgs, preds, measured, len(ids), max_new_tokens)
     meta = {**run_metadata(device), "profile": profile or "builtin:h200-derived", "profile_label": prof_label,
             "acceptance": acceptance or "builtin:qwen2-72b-table7", "acceptance_label": acc_label,
@@ -474,8 +486,6 @@ def _predict_all(cfgs: list[Config], lats: dict, acc_model, prompt_lens: list[in
                  paths: list[list[int]], say: Callable[[str], None]) -> dict[Config, dict]:
     """Config -> {"tokens_per_s", "accepted", "iteration_ms", "host_ms"} (or {"error"}), simulated
     for the sweep's own workload with each configuration's latency model."""
-    from swiftspec.sim.predict_run import predict_run
-
     preds: dict[Config, dict] = {}
     for c in cfgs:
         t = ModelSpec.from_config(c.target)
@@ -483,7 +493,8 @@ def _predict_all(cfgs: list[Config], lats: dict, acc_model, prompt_lens: list[in
         split = Split.shared(1, with_draft=c.mode is not Mode.autoregressive)
         try:
             lat = lats[c]
-            s = predict_run(lat, acc_model, t, d, split, c.mode, c.policy, prompt_lens, max_new, paths).summary
+            s = predict_run(lat, acc_model, t, d, split, c.mode, c.policy,
+                            RunWorkload(prompt_lens, max_new, paths)).summary
             preds[c] = {"tokens_per_s": s.tokens_per_s_mean, "accepted": s.mean_accepted,
                         "iteration_ms": s.iteration_ms,
                         "host_ms": _host_per_iteration(lat, acc_model, c, paths, max_new)}
@@ -580,13 +591,6 @@ def repredict(source: str | Path, profile: str | None = None, acceptance: str | 
     same configurations, workload, rank paths and per-pair host calibration as the run (host work
     measured before the run, on stand-ins), only the device-time tables change. For a sweep whose
     profile was incomplete or stale when it ran; the report says so (meta `repredicted`)."""
-    from swiftspec.files import run_metadata
-    from swiftspec.runtime.launch import load_prompts
-    from swiftspec.runtime.synthetic import rank_paths
-    from swiftspec.sim.acceptance import AcceptanceModel
-    from swiftspec.sim.latency import LatencyModel
-    from swiftspec.spec import AcceptanceProfile
-
     say = log or (lambda s: None)
     sweep = read_sweep(source)
     profile = profile or _default_profile("cuda")
@@ -639,8 +643,6 @@ def _tree_growth_fn(lat, draft: ModelSpec) -> Callable[[int], float] | None:
 
 def _host_per_iteration(lat, acc_model, c: Config, paths, max_new: int) -> float:
     """Predicted host ms per iteration: base + host of every draft forward + of the verify."""
-    from swiftspec.sim.predict_run import run_trajectories
-
     total, n = 0.0, 0
     base = lat.host_ms(c.mode)
     for traj in run_trajectories(acc_model, c.mode, c.policy, paths, max_new):
@@ -653,27 +655,20 @@ def _host_per_iteration(lat, acc_model, c: Config, paths, max_new: int) -> float
 
 def _load() -> list[float] | None:
     try:
-        import os
-
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
 
 
 def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], logq: tuple[float, ...],
-             max_new: int, device: str, weights: str, seed: int, say,
-             weight_format: str = "native", passes: int = 1) -> dict[Config, dict]:
-    """Run every configuration (models and runners made once, reused) `passes` times, all
+             sweep: SweepOptions, kernels: KernelConfig, say: Callable[[str], None]) -> dict[Config, dict]:
+    """Run every configuration (models and runners made once, reused) `sweep.passes` times, all
     configurations once per pass; measured numbers per config: the median over passes of each
     pass's means over prompts (`_measure`), so a slow spell of the host during one pass does not
     decide a configuration's number; `passes` and `spread_pct` (max - min tokens/s over passes, %
-    of the median) say how steady it was. weight_format: the models' GEMM weights (`load_model`),
-    the profile's."""
-    from swiftspec.runtime.decoder import ModelRunner
-    from swiftspec.runtime.generate import cache_slots
-    from swiftspec.runtime.tree import tree_slots_needed
-    from swiftspec.runtime.weights import load_model
-
+    of the median) say how steady it was. kernels: the models' (weight format: the profile's)."""
+    device, weights, seed, max_new, passes = sweep.device, sweep.weights, sweep.seed, sweep.max_new_tokens, sweep.passes
+    weight_format = kernels.weight_format
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     longest = max(len(p) for p in ids)
     slots = max(cache_slots(longest, max_new, c.policy, draft=True) for c in cfgs) + 8
@@ -688,8 +683,7 @@ def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], l
         key = (name, seed)
         if key not in models:
             t0 = time.perf_counter()
-            models[key] = load_model(name, weights=weights, device=device, dtype=dtype, seed=seed,
-                                     weight_format=weight_format)
+            models[key] = load_model(name, weights=weights, device=device, dtype=dtype, seed=seed, kernels=kernels)
             fmt = "" if weight_format == "native" else f", {weight_format}"
             say(f"loaded {Path(name).name} ({weights} weights{fmt}) in {time.perf_counter() - t0:.1f} s")
         return models[key]
@@ -736,10 +730,6 @@ def _measure(c: Config, runner, ids: list[list[int]], paths: list[list[int]], lo
     """One pass of configuration `c` over every prompt: the means over prompts of decode tokens/s,
     accepted length, and per-iteration wall, forward-device and host ms. warm: first a 16-token
     decode (allocator, caches, first replays)."""
-    from swiftspec.runtime.decoder import PREFILL_CHUNK
-    from swiftspec.runtime.generate import GenerateConfig, generate
-    from swiftspec.runtime.synthetic import SyntheticVerifier
-
     spec = c.mode is not Mode.autoregressive
     target = runner(c.target, "target")
     draft = runner(c.draft, "draft") if spec else None

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from swiftspec.runtime.engine import Job, Task
-from swiftspec.runtime.generate import generate_from_checkpoints
+from swiftspec.runtime.generate import LoadOptions, generate_from_checkpoints
 from swiftspec.runtime.launch import launch
-from swiftspec.spec import Mode, Split, TreePolicy
+from swiftspec.spec import Mode, SamplingParams, Split, TreePolicy
 
 PROMPTS = [[5, 17, 99, 3, 250, 41], [7, 7, 7], [200, 1, 64, 128, 32, 16, 8, 4]]
 MAX_NEW = 14
@@ -47,7 +47,7 @@ def pair(make_checkpoint, tmp_path_factory):
 def reference(pair):
     """Target-only greedy output of every prompt (single process, TP 1)."""
     target, _ = pair
-    return [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
+    return [generate_from_checkpoints(target, mode="autoregressive", prompt=p, max_new_tokens=MAX_NEW,
                                       eos=False).tokens for p in PROMPTS]
 
 
@@ -107,32 +107,32 @@ def test_async_fp8_models_equal_fp8_greedy_at_any_tp(pair):
     job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(1, 2), tasks=tasks,
               prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60, weight_format="fp8")
     results = launch(job)
-    fp8 = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
-                                     eos=False, weight_format="fp8").tokens for p in PROMPTS]
+    fp8 = [generate_from_checkpoints(target, mode="autoregressive", prompt=p, max_new_tokens=MAX_NEW,
+                                     eos=False, load=LoadOptions(weight_format="fp8")).tokens for p in PROMPTS]
     _check(results, fp8)
     assert max(r["accepted"] for r in results[0]["rows"]) > 1
-    native = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
+    native = [generate_from_checkpoints(target, mode="autoregressive", prompt=p, max_new_tokens=MAX_NEW,
                                         eos=False).tokens for p in PROMPTS]
     assert fp8 != native  # the fp8 models ran
 
 
 def test_async_sampling_equals_target_only_sampling(pair):
-    """Sampling (`Job.temperature`, truncated by `Job.sample_top_k` / `sample_top_p`): with 1 draft rank + 2
+    """Sampling (`Job.sampling`, truncated by its top_k / top_p): with 1 draft rank + 2
     target ranks, async, serial and the autoregressive baseline all give single-process target-only
-    sampling's tokens, prompt i drawn with seed sample_seed + i; and those differ from greedy (the
+    sampling's tokens, prompt i drawn with seed sampling.seed + i; and those differ from greedy (the
     draws ran). Untruncated sampling through `run` is checked in test_async_synthetic.py."""
     target, draft = pair
     tasks = [Task(Mode.async_, TreePolicy(bs=6, w=2, d=2)), Task(Mode.serial, TreePolicy(bs=6, w=2, d=2)),
              Task(Mode.autoregressive, TreePolicy.autoregressive())]
     job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(1, 2), tasks=tasks,
-              prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60, temperature=0.9, sample_seed=5, sample_top_k=20,
-              sample_top_p=0.9)
+              prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60,
+              sampling=SamplingParams(temperature=0.9, seed=5, top_k=20, top_p=0.9))
     results = launch(job)
-    sampled = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
-                                         eos=False, temperature=0.9, sample_seed=5 + i, sample_top_k=20, sample_top_p=0.9).tokens
+    sampled = [generate_from_checkpoints(target, mode="autoregressive", prompt=p, max_new_tokens=MAX_NEW, eos=False,
+                                         sampling=SamplingParams(temperature=0.9, seed=5 + i, top_k=20, top_p=0.9)).tokens
                for i, p in enumerate(PROMPTS)]  # fmt: skip
     _check(results, sampled)
     assert max(r["accepted"] for r in results[0]["rows"]) > 1
-    greedy = [generate_from_checkpoints(target, mode="autoregressive", prompt_ids=p, max_new_tokens=MAX_NEW,
+    greedy = [generate_from_checkpoints(target, mode="autoregressive", prompt=p, max_new_tokens=MAX_NEW,
                                         eos=False).tokens for p in PROMPTS]  # fmt: skip
     assert sampled != greedy

@@ -19,7 +19,7 @@ from swiftspec.cli import main
 from swiftspec.runtime.decoder import ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, GenerateResult, cache_slots, generate
 from swiftspec.runtime.weights import load_model
-from swiftspec.spec import Mode, TreePolicy
+from swiftspec.spec import Mode, SamplingParams, TreePolicy
 
 ARCHS = ("llama", "qwen2")
 NEW = 24  # generated tokens per case
@@ -50,8 +50,8 @@ def decode(target, draft, prompt, mode=Mode.autoregressive, policy=None, n=NEW, 
     policy = policy or TreePolicy.autoregressive()
     t = ModelRunner(target, cache_slots(len(prompt), n, policy, draft=False))
     d = ModelRunner(draft, cache_slots(len(prompt), n, policy, draft=True)) if draft is not None else None
-    cfg = GenerateConfig(mode, policy, n, tuple(eos), keep, temperature=temperature, sample_seed=sample_seed,
-                         sample_top_k=sample_top_k, sample_top_p=sample_top_p)  # fmt: skip
+    sampling = SamplingParams(temperature=temperature, seed=sample_seed, top_k=sample_top_k, top_p=sample_top_p)
+    cfg = GenerateConfig(mode, policy, n, tuple(eos), keep, sampling=sampling)
     return generate(t, d, prompt, cfg)
 
 
@@ -376,7 +376,7 @@ BAD = {
     "top-p": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--temperature", "1",
                           "--sample-top-p", "1.5"], "--sample-top-p must be in (0, 1]"),  # fmt: skip
     "top-p-greedy": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--sample-top-p", "0.9"],
-                     "give --temperature > 0 too"),  # fmt: skip
+                     "need a --temperature > 0"),  # fmt: skip
 }
 
 

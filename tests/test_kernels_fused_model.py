@@ -1,5 +1,5 @@
-"""The model with `set_fusion("triton")` (add+RMSNorm, RoPE+KV write, silu*up kernels) and
-`set_linear("triton")` (the skinny-linear kernel for forwards of <= 16 tokens) against the eager
+"""The model with `KernelConfig.fusion` "triton" (add+RMSNorm, RoPE+KV write, silu*up kernels) and
+`linear` "triton" (the skinny-linear kernel for forwards of <= 16 tokens) against the eager
 model ("off", F.linear): logits and KV cache to 1e-5 in float32, and lossless speculative decoding.
 
 CPU under TRITON_INTERPRET=1 on the tiny checkpoints of conftest.py; the GPU test (marked gpu)
@@ -8,13 +8,16 @@ replays CUDA graphs with fusion on against the eager unfused model.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 import torch
 
+from swiftspec.kernels.gemv import Epilogue
 from swiftspec.runtime.decoder import ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
+from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.tree import top_logprobs_host
 from swiftspec.runtime.weights import load_model
@@ -37,6 +40,13 @@ CONFIGS = {
 # without it they would hand host pointers to the GPU launcher).
 cpu_interpreted = pytest.mark.skipif(not INTERPRET, reason="CPU tensors through Triton need TRITON_INTERPRET=1")
 PROMPTS = {"llama": [3, 14, 15, 92, 65], "qwen2": [200, 1, 77]}
+# the skinny linear with the fused small ops: the CUDA path, on CPU tensors
+TRITON = KernelConfig(fusion="triton", linear="triton")
+
+
+def epilogue_of(kw: dict) -> Epilogue:
+    """The epilogue a spied `gemv` call got (none: the plain product)."""
+    return kw.get("epilogue") or Epilogue()
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -86,8 +96,7 @@ def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, lin
     results = []
     calls = []
     for fu, li in (("off", "torch"), (fusion, linear)):
-        model = load_model(path, attention=attention, linear=li)
-        model.set_fusion(fu)
+        model = load_model(path, kernels=KernelConfig(attention=attention, linear=li, fusion=fu))
         if model._gemv is not None:  # count the skinny-linear calls (a spy; the kernel itself runs)
             kernel = model._gemv
             model._gemv = lambda *a, kernel=kernel, **kw: calls.append(a[0].shape[0]) or kernel(*a, **kw)
@@ -105,21 +114,20 @@ def test_triton_fusion_matches_off(make_checkpoint, name, attention, fusion, lin
 @cpu_interpreted
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_fold_norm_matches_off(make_checkpoint, name):
-    """set_linear("triton", fold_norm=True): the norm weights folded into the GEMMs after them
+    """fold_norm (with linear "triton"): the norm weights folded into the GEMMs after them
     (a tied LM head gets its own copy, the embedding stays), and every add+RMSNorm of the <= 16-token
     steps runs inside the next skinny-linear launch (the 20-token prefill keeps add_rmsnorm); logits
     and cache equal the unfolded eager model's to 1e-5; without linear "triton" it is refused."""
     arch, overrides = CONFIGS[name]
     path = make_checkpoint(arch, **overrides)
     ref, ref_cache = steps(load_model(path), 11)
-    model = load_model(path)
-    model.set_fusion("triton")
-    model.set_linear("triton", fold_norm=True)
+    model = load_model(path, kernels=dataclasses.replace(TRITON, fold_norm=True))
     norms, folded = [], []
     add_rmsnorm, rope, act = model._fused_ops
     model._fused_ops = (lambda x, *a, **kw: norms.append(x.shape[0]) or add_rmsnorm(x, *a, **kw), rope, act)
     kernel = model._gemv
-    model._gemv = lambda x, *a, **kw: (kw.get("rms_eps") is not None and folded.append(x.shape[0])) or kernel(x, *a, **kw)
+    model._gemv = lambda x, *a, **kw: (epilogue_of(kw).rms_eps is not None and folded.append(x.shape[0])) or kernel(
+        x, *a, **kw)
     got, got_cache = steps(model, 11)
     layers = model.spec.num_layers
     assert norms == [20] * (2 * layers + 1) and folded == [9] * (2 * layers + 1) + [3] * (2 * layers + 1)
@@ -127,7 +135,7 @@ def test_fold_norm_matches_off(make_checkpoint, name):
         assert rel_err(g, r) <= 1e-5
     assert rel_err(got_cache.kv, ref_cache.kv) <= 1e-5
     with pytest.raises(UserError, match="fold_norm needs linear 'triton'"):
-        model.set_linear("torch", fold_norm=True)
+        dataclasses.replace(model.kernels, linear="torch")
 
 
 @cpu_interpreted
@@ -136,23 +144,21 @@ def test_fold_norm_matches_off(make_checkpoint, name):
                                                    ("llama-tied-llama3", True, True, True),
                                                    ("qwen2-bias", False, False, True)])
 def test_gemm_epilogues_match_off(make_checkpoint, name, fold, swiglu, rope):
-    """set_linear("triton", swiglu=True) and/or rope=True: the <= 16-token steps compute silu(gate) *
+    """swiglu and/or rope (with linear "triton"): the <= 16-token steps compute silu(gate) *
     up in the gate/up skinny linear's epilogue (no silu_mul launch) and RoPE + the KV write in the
     qkv one's (no rope_kv launch); the 20-token prefill keeps both launches. With and without the
     folded norm and a qkv bias; logits and cache equal the eager model's to 1e-5."""
     arch, overrides = CONFIGS[name]
     path = make_checkpoint(arch, **overrides)
     ref, ref_cache = steps(load_model(path), 11)
-    model = load_model(path)
-    model.set_fusion("triton")
-    model.set_linear("triton", fold_norm=fold, swiglu=swiglu, rope=rope)
+    model = load_model(path, kernels=dataclasses.replace(TRITON, fold_norm=fold, swiglu=swiglu, rope=rope))
     acts, ropes, epilogues = [], [], []
     norm, rope_kv, act = model._fused_ops
     model._fused_ops = (norm, lambda x, *a, **kw: ropes.append(x.shape[0]) or rope_kv(x, *a, **kw),
                         lambda x, **kw: acts.append(x.shape[0]) or act(x, **kw))
     kernel = model._gemv
-    model._gemv = lambda x, *a, **kw: ((kw.get("act") or kw.get("rope")) and epilogues.append(x.shape[0])) or kernel(
-        x, *a, **kw)
+    model._gemv = lambda x, *a, **kw: ((epilogue_of(kw).act or epilogue_of(kw).rope) and epilogues.append(
+        x.shape[0])) or kernel(x, *a, **kw)
     got, got_cache = steps(model, 11)
     layers = model.spec.num_layers
     steps_small = [9] * layers + [3] * layers
@@ -162,8 +168,8 @@ def test_gemm_epilogues_match_off(make_checkpoint, name, fold, swiglu, rope):
     for g, r in zip(got, ref):
         assert rel_err(g, r) <= 1e-5
     assert rel_err(got_cache.kv, ref_cache.kv) <= 1e-5
-    model.set_linear("torch", swiglu=True, rope=True)  # no skinny linear: the flags have nothing to act on
-    assert not model.swiglu and not model.rope
+    with pytest.raises(UserError, match="swiglu, rope need linear 'triton'"):  # no skinny linear to act on
+        KernelConfig(linear="torch", swiglu=True, rope=True)
 
 
 @cpu_interpreted
@@ -178,9 +184,7 @@ def test_split_k_epilogues_match_off(make_checkpoint, monkeypatch):
     monkeypatch.setattr(gemv_mod, "SPLIT_RULES", ((10**6, 1, 2),))
     spec = load_model(path).spec
     assert gemv_mod.dot_config(9, spec.hidden, spec.hidden, 4, 4, residual=True, norm=True).split_k == 2
-    model = load_model(path)
-    model.set_fusion("triton")
-    model.set_linear("triton", fold_norm=True, swiglu=True, rope=True)
+    model = load_model(path, kernels=dataclasses.replace(TRITON, fold_norm=True, swiglu=True, rope=True))
     got, got_cache = steps(model, 11)
     for g, r in zip(got, ref):
         assert rel_err(g, r) <= 1e-5
@@ -189,32 +193,31 @@ def test_split_k_epilogues_match_off(make_checkpoint, monkeypatch):
 
 @cpu_interpreted
 def test_load_model_fold_norm(make_checkpoint):
-    """load_model(fold_norm="on") folds the norms once the weights are read (norm weights ones, the
-    same logits as the unfolded model to 1e-5); "auto" on the CPU leaves them; "on" without the
+    """load_model with fold_norm folds the norms once the weights are read (norm weights ones, the
+    same logits as the unfolded model to 1e-5); the CPU's default leaves them; fold_norm without the
     skinny linear or with fp8 weights is refused before any weight is read."""
     path = make_checkpoint("llama", tie_word_embeddings=True)
     ref, _ = steps(load_model(path), 11)
-    model = load_model(path, fusion="triton", linear="triton", fold_norm="on")
-    assert model.fold_norm and bool((model.norm == 1).all()) and model.lm_head is not model.embed
+    model = load_model(path, kernels=dataclasses.replace(TRITON, fold_norm=True))
+    assert model.kernels.fold_norm and bool((model.norm == 1).all()) and model.lm_head is not model.embed
     got, _ = steps(model, 11)
     for g, r in zip(got, ref):
         assert rel_err(g, r) <= 1e-5
-    auto = load_model(path, fusion="triton", linear="triton")
-    assert not auto.fold_norm and not bool((auto.norm == 1).all())
+    auto = load_model(path, kernels=KernelConfig.resolve("cpu", fusion="triton", linear="triton"))
+    assert not auto.kernels.fold_norm and not bool((auto.norm == 1).all())
     with pytest.raises(UserError, match="fold_norm needs linear 'triton'"):
-        load_model(path, linear="torch", fold_norm="on")
+        load_model(path, kernels=KernelConfig.resolve("cpu", linear="torch", fold_norm=True))
     with pytest.raises(UserError, match="fold_norm needs native weights"):
-        load_model(path, linear="triton", fold_norm="on", weight_format="fp8")
+        load_model(path, kernels=KernelConfig.resolve("cpu", linear="triton", fold_norm=True, weight_format="fp8"))
 
 
 @cpu_interpreted
 def test_skinny_linear_up_to_max_rows(make_checkpoint):
-    """set_linear("triton", max_rows=32): the 20-token prefill takes the skinny linear too, and the
-    logits still equal the eager model's; max_rows outside 1..256 is one clear error."""
+    """linear "triton" with linear_max_rows 32: the 20-token prefill takes the skinny linear too, and
+    the logits still equal the eager model's; linear_max_rows outside 1..256 is one clear error."""
     path = make_checkpoint("llama")
     ref, _ = steps(load_model(path), 11)
-    model = load_model(path)
-    model.set_linear("triton", max_rows=32)
+    model = load_model(path, kernels=KernelConfig(linear="triton", linear_max_rows=32))
     calls, kernel = [], model._gemv
     model._gemv = lambda *a, **kw: calls.append(a[0].shape[0]) or kernel(*a, **kw)
     got, _ = steps(model, 11)
@@ -223,7 +226,7 @@ def test_skinny_linear_up_to_max_rows(make_checkpoint):
         assert rel_err(g, r) <= 1e-5
     for bad in (0, 257):
         with pytest.raises(UserError, match="max_rows must be in 1..256"):
-            model.set_linear("triton", max_rows=bad)
+            load_model(path, kernels=KernelConfig(linear="triton", linear_max_rows=bad))
 
 
 @cpu_interpreted
@@ -233,15 +236,11 @@ def test_lossless_generate_with_triton_fusion(make_checkpoint, arch):
     output token for token (draft: the target plus noise, so some drafts are accepted, some not)."""
     torch.set_num_threads(1)
     target_off = load_model(make_checkpoint(arch))
-    target, draft = load_model(make_checkpoint(arch)), load_model(make_checkpoint(arch))
+    target, draft = (load_model(make_checkpoint(arch), kernels=TRITON) for _ in range(2))
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in draft.parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=g))
-    target.set_fusion("triton")
-    draft.set_fusion("triton")
-    target.set_linear("triton")
-    draft.set_linear("triton")
     n, policy, prompt = 12, TreePolicy(bs=6, w=2, d=3), PROMPTS[arch]
     auto = TreePolicy.autoregressive()
     t = ModelRunner(target_off, cache_slots(len(prompt), n, auto, draft=False))
@@ -254,30 +253,28 @@ def test_lossless_generate_with_triton_fusion(make_checkpoint, arch):
 
 
 @cpu_interpreted
-def test_set_fusion_modes(make_checkpoint):
-    model = load_model(make_checkpoint("llama"))
-    assert model.fusion == "off" and not model.fused  # the default
-    model.set_fusion(True)  # the boolean form of the existing API: torch.compile
-    assert model.fusion == "compile" and model.fused
-    model.set_fusion("triton")
-    assert model.fusion == "triton" and model.fused
-    model.set_fusion(False)
-    assert model.fusion == "off"
+def test_kernel_config_reaches_the_model(make_checkpoint):
+    path = make_checkpoint("llama")
+    model = load_model(path)
+    assert model.kernels.fusion == "off" and model._fused_ops is None  # the CPU default
+    assert load_model(path, kernels=KernelConfig(fusion="compile")).kernels.fusion == "compile"
+    fused = load_model(path, kernels=KernelConfig(fusion="triton"))
+    assert fused.kernels.fusion == "triton" and fused._fused_ops is not None
     with pytest.raises(UserError, match="fusion must be one of off, compile, triton"):
-        model.set_fusion("cuda")
-    assert model.attn_combine == "separate"  # tree attention's default merge of split-KV partials
+        KernelConfig(fusion="cuda")
+    assert model.kernels.attention_combine == "separate"  # tree attention's default merge of split-KV partials
     with pytest.raises(UserError, match="combine must be"):
-        model.set_attention("triton", combine="atomic")
-    assert model.linear == "torch"  # load_model's default on CPU
+        KernelConfig(attention="triton", attention_combine="atomic")
+    assert model.kernels.linear == "torch" and model._gemv is None  # load_model's default on CPU
     with pytest.raises(UserError, match="linear must be one of torch, triton"):
-        model.set_linear("cublas")
+        KernelConfig(linear="cublas")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("attention,linear,pdl", [("torch", "torch", "off"), ("triton", "torch", "off"),
-                                                  ("triton", "triton", "off"), ("triton", "triton", "on"),
-                                                  ("triton", "triton+foldnorm", "off"), ("triton", "triton+foldnorm", "on"),
+                                                  ("triton", "triton", "off"), ("triton", "triton", "early"),
+                                                  ("triton", "triton+foldnorm", "off"), ("triton", "triton+foldnorm", "early"),
                                                   ("triton", "triton+foldnorm+swiglu", "off"),
                                                   ("triton", "triton+foldnorm+swiglu+rope", "off"),
                                                   ("triton", "triton+foldnorm+swiglu+rope", "late")])
@@ -285,10 +282,11 @@ def test_gpu_graph_runner_with_triton_fusion(make_checkpoint, attention, linear,
     from swiftspec.runtime.graphs import GraphRunner
 
     path = make_checkpoint("llama")
-    ref_model = load_model(path, device="cuda", attention=attention, fusion="off", linear="torch")
-    model = load_model(path, device="cuda", attention=attention, linear=linear.split("+")[0], pdl=pdl)
-    model.set_fusion("triton")
-    model.set_linear(model.linear, fold_norm="+foldnorm" in linear, swiglu="+swiglu" in linear, rope="+rope" in linear)
+    ref_model = load_model(path, device="cuda",
+                           kernels=KernelConfig.resolve("cuda", attention=attention, fusion="off", linear="torch"))
+    kernels = KernelConfig.resolve("cuda", attention=attention, fusion="triton", linear=linear.split("+")[0], pdl=pdl,
+                                   fold_norm="+foldnorm" in linear, swiglu="+swiglu" in linear, rope="+rope" in linear)
+    model = load_model(path, device="cuda", kernels=kernels)
     gen = torch.Generator().manual_seed(5)
     mask, depth = tree(11, gen)
     toks = torch.randint(0, 256, (11,), generator=gen)
@@ -317,12 +315,13 @@ def test_gpu_graph_tree_growth_is_lossless_and_used(make_checkpoint, policy):
     graphs were used."""
     path = make_checkpoint("llama")
     target = load_model(path, device="cuda")
-    draft = load_model(make_checkpoint("llama", num_hidden_layers=1), device="cuda")
+    draft_path = make_checkpoint("llama", num_hidden_layers=1)
     prompt, n = PROMPTS["llama"], 16
     outs = {}
     for growth in ("triton", "graph"):
+        draft = load_model(draft_path, device="cuda", kernels=KernelConfig.resolve("cuda", tree_growth=growth))
         t = ModelRunner(target, cache_slots(len(prompt), n, policy, draft=False))
-        d = ModelRunner(draft, cache_slots(len(prompt), n, policy, draft=True), vocab_limit=250, tree_growth=growth)
+        d = ModelRunner(draft, cache_slots(len(prompt), n, policy, draft=True), vocab_limit=250)
         outs[growth] = generate(t, d, prompt, GenerateConfig(Mode.serial, policy, n)).tokens
         if growth == "graph":
             assert d.graphs.topk_graphs, "no top-k graph was replayed"

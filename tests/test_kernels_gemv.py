@@ -3,6 +3,7 @@ TRITON_INTERPRET=1 (small shapes) and GPU when present (Llama-3-8B shapes, marke
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -15,7 +16,17 @@ if not HAS_CUDA and not INTERPRET:
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
-from swiftspec.kernels.gemv import FP8, MAX_ROWS, MAX_ROWS_DOT, MAX_ROWS_FP8, gemv, gemv_ref, quantize_fp8  # noqa: E402
+from swiftspec.kernels.gemv import (  # noqa: E402
+    FP8,
+    MAX_ROWS,
+    MAX_ROWS_DOT,
+    MAX_ROWS_FP8,
+    Epilogue,
+    GemvLaunch,
+    gemv,
+    gemv_ref,
+    quantize_fp8,
+)
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -61,13 +72,14 @@ def test_gemv_block_overrides_give_the_same_result(kind):
     x, w = _rand((2, 300), gen, torch.float32), _rand((50, 300), gen, torch.float32)
     a = gemv(x, w, kind=kind)
     for bn, bk in ((16, 64), (32, 128), (64, 32)):
-        torch.testing.assert_close(gemv(x, w, block_n=bn, block_k=bk, kind=kind), a, rtol=1e-5, atol=1e-5)
+        got = gemv(x, w, kind=kind, launch=GemvLaunch(block_n=bn, block_k=bk))
+        torch.testing.assert_close(got, a, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k", [(17, 40, 96), (40, 33, 130), (64, 24, 200), (MAX_ROWS_DOT, 16, 48)])
 def test_gemv_dot_beyond_sixteen_rows(dtype, m, n, k):
-    """The dot kind above the model's default 16 rows (`set_linear(..., max_rows=)`, for A/B runs):
+    """The dot kind above the model's default 16 rows (`KernelConfig.linear_max_rows`):
     token rows padded to the next power of two on the MMA's N side, up to 256."""
     gen = torch.Generator().manual_seed(m + n + k)
     x, w, b = _rand((m, k), gen, dtype), _rand((n, k), gen, dtype), _rand((n,), gen, dtype)
@@ -97,8 +109,8 @@ def test_gemv_rms_matches_add_rmsnorm_then_gemv(dtype, m, n, k, with_residual, p
     h, new_res = add_rmsnorm(x, r, g, 1e-5)
     ref = gemv(h, w, b)
     out = torch.full_like(x, float("nan")) if with_residual else None
-    got = gemv(x, fold_norm_weight(w, g), b, rms_eps=1e-5, residual=r, residual_out=out, pdl=pdl, split_k=split_k,
-               block_k=32 if split_k > 1 else None)  # 32-wide steps: every split has several
+    got = gemv(x, fold_norm_weight(w, g), b, pdl=pdl, epilogue=Epilogue(rms_eps=1e-5, residual=r, residual_out=out),
+               launch=GemvLaunch(split_k=split_k, block_k=32 if split_k > 1 else None))  # 32-wide steps: every split has several
     hd = (x if r is None else (x.float() + r.float()).to(dtype)).double()  # h as add_rmsnorm rounds it
     exact = F.linear(hd * torch.rsqrt(hd.pow(2).mean(1, keepdim=True) + 1e-5) * g.double(), w.double(), b.double())
 
@@ -117,19 +129,21 @@ def test_gemv_rms_matches_add_rmsnorm_then_gemv(dtype, m, n, k, with_residual, p
 
 def _epilogue_case(m: int, n: int, k: int, split_k, variant: str, gen, dtype):
     """x (m, k), weights (n, k) ~ 1/sqrt(k) (outputs of a few units: there silu(g) is not g, as it
-    is in float at ~300) and gemv's keyword arguments for `variant`: "fp8" (quantized weights and
-    their scales), "rms" (the folded norm with a residual), otherwise plain."""
+    is in float at ~300), gemv's keyword arguments (launch, fp8 scale) and epilogue for `variant`:
+    "fp8" (quantized weights and their scales), "rms" (the folded norm with a residual), otherwise
+    plain."""
     from swiftspec.kernels.gemv import fold_norm_weight
 
     x, w = _rand((m, k), gen, dtype), (_rand((n, k), gen, torch.float32) / k**0.5).to(dtype)
-    kw: dict = {"split_k": split_k}
+    kw: dict = {"launch": GemvLaunch(split_k=split_k)}
+    epi = Epilogue()
     if variant == "fp8":
         w, kw["scale"] = (t.to(DEVICE) for t in quantize_fp8(w.float().cpu()))
     if variant == "rms":
         g = (1 + 0.3 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
         w, r = fold_norm_weight(w, g), _rand((m, k), gen, dtype)
-        kw.update(rms_eps=1e-5, residual=r, residual_out=torch.empty_like(x))
-    return x, w, kw
+        epi = Epilogue(rms_eps=1e-5, residual=r, residual_out=torch.empty_like(x))
+    return x, w, kw, epi
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -144,16 +158,17 @@ def test_gemv_swiglu_equals_silu_mul_after_gemv(dtype, m, f, k, split_k, variant
     from swiftspec.kernels.silu_mul import silu_mul
 
     gen = torch.Generator().manual_seed(m * 7 + f + k)
-    x, w, kw = _epilogue_case(m, 2 * f, k, split_k, variant, gen, dtype)
-    got = gemv(x, w, act="swiglu", **kw)
-    ref_kw = {**kw, "residual_out": torch.empty_like(x)} if variant == "rms" else kw
-    ref = silu_mul(gemv(x, w, **ref_kw))
+    x, w, kw, epi = _epilogue_case(m, 2 * f, k, split_k, variant, gen, dtype)
+    got = gemv(x, w, epilogue=dataclasses.replace(epi, act="swiglu"), **kw)
+    ref_epi = dataclasses.replace(epi, residual_out=torch.empty_like(x)) if variant == "rms" else epi
+    ref = silu_mul(gemv(x, w, epilogue=ref_epi, **kw))
     assert got.shape == (m, f) and got.dtype == dtype
     assert_same_epilogue(got, ref)
     if variant == "rms":  # h = x + residual, stored as the plain folded launch stores it
-        assert torch.equal(kw["residual_out"], ref_kw["residual_out"])
+        assert torch.equal(epi.residual_out, ref_epi.residual_out)
     # the activation really ran: the product alone differs
-    assert not torch.equal(got, gemv(x, w, **kw)[:, :f] * gemv(x, w, **kw)[:, f:])
+    plain = gemv(x, w, epilogue=epi, **kw)
+    assert not torch.equal(got, plain[:, :f] * plain[:, f:])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -162,7 +177,7 @@ def test_gemv_swiglu_equals_silu_mul_after_gemv(dtype, m, f, k, split_k, variant
                                                   (9, 4, 1, 32, 256, 4)])
 @pytest.mark.parametrize("variant", ["plain", "bias", "fp8", "rms"])
 def test_gemv_rope_equals_rope_kv_after_gemv(dtype, m, hq, hkv, d, k, split_k, variant):
-    """gemv(rope=RopeKV(...)) on a fused qkv projection gives `rope_kv(gemv(x, wqkv, ...), ...)`: the
+    """gemv(epilogue=Epilogue(rope=RopeKV(...))) on a fused qkv projection gives `rope_kv(gemv(x, wqkv, ...), ...)`: the
     same q and the same two caches (rotated k and v at the slots, every other slot untouched), in
     the epilogue (split_k 1) and in the split-K sum (2, 4, and the rule's 4 at K 4096), with a qkv
     bias, fp8 weights and the folded norm. Equal as `assert_same_epilogue` says."""
@@ -171,7 +186,7 @@ def test_gemv_rope_equals_rope_kv_after_gemv(dtype, m, hq, hkv, d, k, split_k, v
 
     gen = torch.Generator().manual_seed(m * 11 + hq + d + k)
     n = (hq + 2 * hkv) * d
-    x, w, kw = _epilogue_case(m, n, k, split_k, variant, gen, dtype)
+    x, w, kw, epi = _epilogue_case(m, n, k, split_k, variant, gen, dtype)
     b = _rand((n,), gen, dtype) if variant == "bias" else None
     ang = torch.randn(m, d // 2, generator=gen) * 3
     cos = torch.cat([ang.cos()] * 2, 1).to(dtype).to(DEVICE)
@@ -179,15 +194,15 @@ def test_gemv_rope_equals_rope_kv_after_gemv(dtype, m, hq, hkv, d, k, split_k, v
     slots = torch.randperm(2 * m + 3, generator=gen)[:m].to(DEVICE)
     caches = [_rand((hkv, 2 * m + 3, d), gen, dtype) for _ in range(2)]
     ref_caches = [c.clone() for c in caches]
-    got = gemv(x, w, b, rope=RopeKV(cos, sin, slots, *caches, hq, hkv), **kw)
-    ref_kw = {**kw, "residual_out": torch.empty_like(x)} if variant == "rms" else kw
-    qkv = gemv(x, w, b, **ref_kw)
+    got = gemv(x, w, b, epilogue=dataclasses.replace(epi, rope=RopeKV(cos, sin, slots, *caches, hq, hkv)), **kw)
+    ref_epi = dataclasses.replace(epi, residual_out=torch.empty_like(x)) if variant == "rms" else epi
+    qkv = gemv(x, w, b, epilogue=ref_epi, **kw)
     ref = rope_kv(qkv, cos, sin, slots, *ref_caches, hq, hkv)
     assert got.shape == (m, hq, d) and got.dtype == dtype
     for a, e in ((got, ref), *zip(caches, ref_caches)):
         assert_same_epilogue(a, e)
     if variant == "rms":
-        assert torch.equal(kw["residual_out"], ref_kw["residual_out"])
+        assert torch.equal(epi.residual_out, ref_epi.residual_out)
     # the rotation really ran: q differs from the projection's q columns
     assert float((got.reshape(m, -1) - qkv[:, : hq * d]).abs().max()) > 0.1
 
@@ -200,37 +215,38 @@ def test_gemv_rope_rejects_bad_arguments():
     cache = torch.randn(1, 8, 16, device=DEVICE)
     slots = torch.tensor([0, 1], device=DEVICE)
     with pytest.raises(ValueError, match="qkv must be"):
-        gemv(x, w, rope=RopeKV(cs, cs, slots, cache, cache, 3, 1))  # (3 + 2) * 16 rows != 64
+        gemv(x, w, epilogue=Epilogue(rope=RopeKV(cs, cs, slots, cache, cache, 3, 1)))  # (3 + 2) * 16 rows != 64
     with pytest.raises(ValueError, match="no act"):
-        gemv(x, w, rope=RopeKV(cs, cs, slots, cache, cache, 2, 1), act="swiglu")
+        gemv(x, w, epilogue=Epilogue(rope=RopeKV(cs, cs, slots, cache, cache, 2, 1), act="swiglu"))
     with pytest.raises(ValueError, match="cos and sin"):
-        gemv(x, w, rope=RopeKV(cs[:1], cs, slots, cache, cache, 2, 1))
+        gemv(x, w, epilogue=Epilogue(rope=RopeKV(cs[:1], cs, slots, cache, cache, 2, 1)))
     with pytest.raises(ValueError, match="one row stride"):
-        gemv(x, w, rope=RopeKV(cs, torch.randn(2, 32, device=DEVICE)[:, :16], slots, cache, cache, 2, 1))
+        gemv(x, w, epilogue=Epilogue(rope=RopeKV(cs, torch.randn(2, 32, device=DEVICE)[:, :16], slots, cache, cache, 2, 1)))
 
 
 def test_gemv_swiglu_rejects_bad_arguments():
     x, w = torch.randn(2, 8, device=DEVICE), torch.randn(6, 8, device=DEVICE)
     with pytest.raises(ValueError, match="act must be"):
-        gemv(x, w, act="gelu")
+        gemv(x, w, epilogue=Epilogue(act="gelu"))
     with pytest.raises(ValueError, match="act must be"):
-        gemv(x, w, torch.randn(6, device=DEVICE), act="swiglu")
+        gemv(x, w, torch.randn(6, device=DEVICE), epilogue=Epilogue(act="swiglu"))
     with pytest.raises(ValueError, match="act must be"):
-        gemv(x, w[:5], act="swiglu")
+        gemv(x, w[:5], epilogue=Epilogue(act="swiglu"))
     with pytest.raises(ValueError, match="act must be"):
-        gemv(x, w, act="swiglu", kind="fma")
+        gemv(x, w, kind="fma", epilogue=Epilogue(act="swiglu"))
 
 
 def test_gemv_rms_rejects_bad_arguments():
     x, w = torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE)
     with pytest.raises(ValueError, match="residual needs rms_eps"):
-        gemv(x, w, residual=x)
+        gemv(x, w, epilogue=Epilogue(residual=x))
     with pytest.raises(ValueError, match="go together"):
-        gemv(x, w, rms_eps=1e-5, residual=x)
+        gemv(x, w, epilogue=Epilogue(rms_eps=1e-5, residual=x))
     with pytest.raises(ValueError, match="kind 'dot'"):
-        gemv(x, w, rms_eps=1e-5, kind="fma")
+        gemv(x, w, kind="fma", epilogue=Epilogue(rms_eps=1e-5))
     with pytest.raises(ValueError, match="must be contiguous"):
-        gemv(x, w, rms_eps=1e-5, residual=x[:, :4].repeat(1, 2).t().contiguous().t(), residual_out=x.clone())
+        bad = x[:, :4].repeat(1, 2).t().contiguous().t()
+        gemv(x, w, epilogue=Epilogue(rms_eps=1e-5, residual=bad, residual_out=x.clone()))
 
 
 def test_gemv_rejects_bad_shapes():
@@ -312,11 +328,12 @@ def test_gemv_split_k_matches_reference(m, n, k, split_k, fp8):
         else:
             w = w.to(dtype)
         b = _rand((n,), gen, dtype)
-        got = gemv(x, w, b, scale=scale, split_k=split_k, block_k=64)
+        launch = GemvLaunch(split_k=split_k, block_k=64)
+        got = gemv(x, w, b, scale=scale, launch=launch)
         ref = F.linear(x.float(), w.float() * (scale[:, None] if fp8 else 1), b.float())
         rel = float((got.float() - ref).abs().max() / ref.abs().max())
         assert rel <= TOL[dtype], (dtype, rel)
-        assert torch.equal(got, gemv(x, w, b, scale=scale, split_k=split_k, block_k=64))
+        assert torch.equal(got, gemv(x, w, b, scale=scale, launch=launch))
 
 
 def test_native_split_k_rule_and_default_launch():
@@ -335,10 +352,10 @@ def test_native_split_k_rule_and_default_launch():
     assert split(1, 64 * 41, 8192) == 1 and split(1, 4096, 14336) == 1  # enough column blocks
     assert split(1, 1280, 2048) == 1 and split(32, 1280, 8192) == 1  # short K, more rows
     assert split(1, 1280, 8192, norm=True) == 4 and split(1, 1280, 8192, residual=True) == 4  # the folded norm too
-    assert split(1, 1280, 8192, split_k=2) == 2 and dot_config(1, 1280, 8192, 1, 2, fp8=True).split_k == 4
+    assert split(1, 1280, 8192, launch=GemvLaunch(split_k=2)) == 2 and dot_config(1, 1280, 8192, 1, 2, fp8=True).split_k == 4
     gen = torch.Generator().manual_seed(11)
     x, w = _rand((3, 4096), gen, torch.float32), _rand((70, 4096), gen, torch.float32)
-    got, one = gemv(x, w), gemv(x, w, split_k=1)
+    got, one = gemv(x, w), gemv(x, w, launch=GemvLaunch(split_k=1))
     ref = F.linear(x.double(), w.double())
     assert float((got.double() - ref).abs().max() / ref.abs().max()) <= 1e-5
     assert float((one.double() - ref).abs().max() / ref.abs().max()) <= 1e-5
@@ -355,7 +372,7 @@ def test_gemv_fp8_x_converted_once_is_bit_identical(m, n, k):
     w8, scale = quantize_fp8(_rand((n, k), gen, torch.float32))
     w8, scale = w8.to(DEVICE), scale.to(DEVICE)
     inside = gemv(x, w8, scale=scale)
-    once = gemv(x, w8, scale=scale, x_f16=True)
+    once = gemv(x, w8, scale=scale, launch=GemvLaunch(x_f16=True))
     assert once.dtype == torch.bfloat16 and torch.equal(once, inside)
     ref = F.linear(x.float().clamp(-65504, 65504).half().float(), w8.float() * scale[:, None])
     assert float((once.float() - ref).abs().max() / ref.abs().max()) <= TOL[torch.bfloat16]
@@ -373,7 +390,7 @@ def test_gemv_fp8_rejects_bad_arguments():
     with pytest.raises(ValueError, match="at most 256"):
         gemv(torch.randn(MAX_ROWS_FP8 + 1, 8, device=DEVICE), w8, scale=scale)
     with pytest.raises(ValueError, match="split_k"):
-        gemv(x, w8, scale=scale, split_k=0)
+        gemv(x, w8, scale=scale, launch=GemvLaunch(split_k=0))
 
 
 @pytest.mark.gpu

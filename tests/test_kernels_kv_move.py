@@ -11,7 +11,8 @@ import os
 import pytest
 import torch
 
-from swiftspec.kernels.kv_move import kv_move, kv_move_ref
+from swiftspec.kernels.kv_move import kv_move
+from swiftspec.kernels.reference import kv_move_ref
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

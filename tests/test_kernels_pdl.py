@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from swiftspec.kernels.pdl import check_pdl, pdl_available
-from swiftspec.runtime.weights import kernel_settings, load_model, resolve_pdl
+from swiftspec.runtime.kernel_config import KernelConfig, profile_settings
+from swiftspec.runtime.weights import load_model
 from swiftspec.spec import UserError
 
 HAS_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
@@ -22,30 +23,30 @@ def test_pdl_refused_on_cpu(make_checkpoint):
             check_pdl(mode, "cpu")
     check_pdl(False, "cpu")  # off is always fine
     check_pdl("off", "cpu")
-    assert resolve_pdl("cpu") is False and resolve_pdl("cpu", "off") is False and resolve_pdl("cuda", "on") is True
-    assert resolve_pdl("cuda", "late") == "late"
-    # auto: late where the Triton kernels run on Hopper (or no GPU is here to ask), off elsewhere
+    def pdl(device, **kw):
+        return KernelConfig.resolve(device, **kw).pdl
+
+    assert pdl("cpu") == "off" and pdl("cuda", pdl="off") == "off" and pdl("cuda", pdl="early") == "early"
+    assert pdl("cuda", pdl="late") == "late"
+    # by default: late where the Triton kernels run on Hopper (or no GPU is here to ask), off elsewhere
     hopper_or_none = not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 9
-    assert resolve_pdl("cuda") == ("late" if hopper_or_none else False)
-    assert resolve_pdl("cuda", fusion="off") is False and resolve_pdl("cuda", "off") is False
-    # fp8 weights too since the h200-fp8 re-profile with late (2026-12-06)
-    assert resolve_pdl("cuda", weight_format="fp8") == ("late" if hopper_or_none else False)
-    assert kernel_settings("cuda")["pdl"] == ("late" if hopper_or_none else "off")
-    assert kernel_settings("cuda", "fp8")["pdl"] == kernel_settings("cuda")["pdl"]
-    assert kernel_settings("cpu")["pdl"] == "off"
-    with pytest.raises(UserError, match="pdl must be one of auto, on, late, off"):
-        resolve_pdl("cpu", "yes")
+    assert pdl("cuda") == ("late" if hopper_or_none else "off")
+    assert pdl("cuda", capability=(9, 0)) == pdl("cuda", capability=(10, 0)) == "late"
+    assert pdl("cuda", capability=(8, 0)) == "off"
+    assert pdl("cuda", fusion="off") == "off"
+    # fp8 weights too
+    assert pdl("cuda", weight_format="fp8") == ("late" if hopper_or_none else "off")
+    assert profile_settings("cuda")["pdl"] == ("late" if hopper_or_none else "off")
+    assert profile_settings("cuda", "fp8")["pdl"] == profile_settings("cuda")["pdl"]
+    assert profile_settings("cpu")["pdl"] == "off"
+    with pytest.raises(UserError, match="pdl must be one of off, early, late"):
+        pdl("cpu", pdl="yes")
     model = load_model(make_checkpoint("llama"))
-    assert model.pdl is False
-    for mode in (True, "late"):
+    assert model.kernels.pdl == "off" and model.pdl is False
+    for mode in ("early", "late", "early-nopeel"):
         with pytest.raises(UserError, match="pdl needs a CUDA GPU"):
-            model.set_pdl(mode)
-    with pytest.raises(UserError, match="pdl must be False, True or one of off, early, late"):
-        model.set_pdl("soon")
-    model.set_pdl("off")
-    assert model.pdl is False
-    with pytest.raises(UserError, match="pdl needs a CUDA GPU"):
-        load_model(make_checkpoint("llama"), pdl="on")
+            load_model(make_checkpoint("llama"), kernels=KernelConfig(pdl=mode))
+    assert load_model(make_checkpoint("llama"), kernels=KernelConfig(pdl="off")).pdl is False
 
 
 def test_pdl_modes():
@@ -82,14 +83,14 @@ def _layer_chain(p: dict, x: torch.Tensor, res: torch.Tensor, pdl: bool | str) -
     from swiftspec.kernels.rmsnorm import add_rmsnorm
     from swiftspec.kernels.rope_kv import rope_kv
     from swiftspec.kernels.silu_mul import silu_mul
-    from swiftspec.kernels.tree_attention import pack_tree_mask, tree_attention
+    from swiftspec.kernels.tree_attention import TreeAttentionLaunch, pack_tree_mask, tree_attention
 
     packed = pack_tree_mask(p["mask"], pdl=pdl)
     h, res1 = add_rmsnorm(x, res, p["n1"], 1e-5, pdl=pdl)
     qkv = gemv(h, p["wqkv"], p["bqkv"], pdl=pdl)
     q = rope_kv(qkv, p["cos"], p["sin"], p["slots"], p["kc"], p["vc"], p["hq"], p["hkv"], pdl=pdl)
-    a = tree_attention(q, p["kc"], p["vc"], p["prefix"], p["mask"], 0.125, packed_mask=packed,
-                       workspace=p["ws"], num_splits=4, pdl=pdl)  # fmt: skip
+    a = tree_attention(q, p["kc"], p["vc"], p["prefix"], p["mask"], 0.125, packed_mask=packed, pdl=pdl,
+                       launch=TreeAttentionLaunch(workspace=p["ws"], num_splits=4))  # fmt: skip
     o = gemv(a.reshape(a.shape[0], -1), p["wo"], pdl=pdl)
     h2, res2 = add_rmsnorm(o, res1, p["n2"], 1e-5, pdl=pdl)
     m = silu_mul(gemv(h2, p["w13"], pdl=pdl), pdl=pdl)

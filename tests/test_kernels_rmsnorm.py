@@ -16,8 +16,10 @@ import os
 import pytest
 import torch
 
-from swiftspec.kernels.rmsnorm import add_rmsnorm, add_rmsnorm_ref
-from swiftspec.kernels.silu_mul import silu_mul, silu_mul_ref
+from swiftspec.kernels.reference import add_rmsnorm_ref
+from swiftspec.kernels.reference import silu_mul as silu_mul_ref
+from swiftspec.kernels.rmsnorm import add_rmsnorm
+from swiftspec.kernels.silu_mul import silu_mul
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -7,7 +7,7 @@ equal the reference bit for bit (V copies, other layers and slots), so a wrong s
 or a stray write fails; the rotated K rows are exact where both sides round identically and
 on the GPU for 16-bit dtypes within the error of rounding each product and the sum, around the
 float64 rotation (compiled, the kernel's roundings differ from eager torch's in ~20 % of the K
-elements: benchmarks/KERNELS.md). The q output is a NaN-filled strided buffer. bfloat16 tolerances
+elements). The q output is a NaN-filled strided buffer. bfloat16 tolerances
 are a few ulps on CPU (the interpreter truncates float32 -> bfloat16).
 """
 
@@ -18,7 +18,8 @@ import os
 import pytest
 import torch
 
-from swiftspec.kernels.rope_kv import rope_kv, rope_kv_ref
+from swiftspec.kernels.reference import rope_kv_ref
+from swiftspec.kernels.rope_kv import rope_kv
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

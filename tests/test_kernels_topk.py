@@ -15,7 +15,8 @@ if not HAS_CUDA and not INTERPRET:
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
-from swiftspec.kernels.topk import logsoftmax_topk, logsoftmax_topk_ref  # noqa: E402
+from swiftspec.kernels.reference import logsoftmax_topk_ref  # noqa: E402
+from swiftspec.kernels.topk import logsoftmax_topk  # noqa: E402
 
 
 def _logits(t: int, v: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -87,16 +88,23 @@ def test_bad_input():
 
 
 def test_tree_growth_switch():
-    """`top_logprobs` (what DraftTree.grow calls): "auto" is the kernel on CUDA and torch on CPU;
-    the kernel path (a vocab-limited, strided slice, as ModelRunner passes it) gives torch's
-    answer, and k above the kernel's MAX_K falls back to torch."""
+    """`top_logprobs` (what DraftTree.grow calls): by default the kernel on CUDA and torch on CPU
+    (`KernelConfig.tree_growth`); the kernel path (a vocab-limited, strided slice, as ModelRunner
+    passes it) gives torch's answer, and k above the kernel's MAX_K falls back to torch."""
     from swiftspec.kernels.topk import MAX_K
-    from swiftspec.runtime.tree import resolve_tree_growth, top_logprobs
+    from swiftspec.runtime.kernel_config import KernelConfig
+    from swiftspec.runtime.tree import top_logprobs
+    from swiftspec.spec import UserError
 
-    assert resolve_tree_growth("cuda") == "triton" and resolve_tree_growth("cpu") == "torch"
-    assert resolve_tree_growth("cpu", "triton") == "triton"
+    def growth(device, **kw):
+        return KernelConfig.resolve(device, **kw).tree_growth
+
+    assert growth("cuda") == "triton" and growth("cpu") == "torch"
+    assert growth("cpu", tree_growth="triton") == "triton"
+    with pytest.raises(UserError, match="tree_growth must be one of"):
+        growth("cpu", tree_growth="cub")
     with pytest.raises(ValueError, match="tree growth must be one of"):
-        resolve_tree_growth("cpu", "cub")
+        top_logprobs(_logits(1, 10, torch.float32, seed=1), 2, "cub")
     full = _logits(4, 3000, torch.float32, seed=11)
     logits = full[:, :2500]  # stride(0) 3000: the kernel must honour it
     for k in (3, MAX_K + 1):

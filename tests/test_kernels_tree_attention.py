@@ -6,6 +6,7 @@ shapes, CUDA-graph replay; marked gpu). Inputs are random, outputs are poisoned 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from swiftspec.kernels.tree_attention import (
     KERNEL_COST,
     SEPARATE_COST,
+    TreeAttentionLaunch,
     TreeAttentionWorkspace,
     ancestor_mask,
     choose_config,
@@ -27,6 +29,14 @@ from swiftspec.kernels.tree_attention import (
 from swiftspec.runtime.attention import tree_attention_ref
 
 HAS_CUDA = torch.cuda.is_available()
+LAUNCH_FIELDS = {f.name for f in dataclasses.fields(TreeAttentionLaunch)}
+
+
+def attend(q, k_cache, v_cache, prefix_len, tree_mask, scale, **kw):
+    """`tree_attention` with its launch fields (`TreeAttentionLaunch`: num_splits, combine,
+    workspace, tiles, tma) given as keywords beside its own (packed_mask, out, pdl)."""
+    launch = TreeAttentionLaunch(**{name: kw.pop(name) for name in list(kw) if name in LAUNCH_FIELDS})
+    return tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale, launch=launch, **kw)
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 if not HAS_CUDA and not INTERPRET:
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
@@ -78,7 +88,7 @@ def run_case(t, hq, hkv, d, max_len, prefix, mask, dtype, num_splits, gen, prefi
     mask = mask.to(DEVICE)
     pl = torch.tensor(prefix, device=DEVICE) if prefix_as_tensor else prefix
     out = torch.full_like(q, float("nan"))
-    res = tree_attention(q, k, v, pl, mask, d**-0.5, num_splits=num_splits, out=out, **kw)
+    res = attend(q, k, v, pl, mask, d**-0.5, num_splits=num_splits, out=out, **kw)
     ref = tree_attention_ref(q, k, v, prefix, mask, d**-0.5)
     assert res is out
     assert not torch.isnan(out).any(), "some output element was not written"
@@ -142,7 +152,7 @@ def test_tma_needs_contiguous_caches():
     k = torch.randn(2, 64, 64, device=DEVICE)[:, :, :32]  # last dim contiguous, rows 64 apart
     q = torch.randn(1, 2, 32, device=DEVICE)
     with pytest.raises(ValueError, match="tma needs contiguous"):
-        tree_attention(q, k, k, 3, torch.ones(1, 1, dtype=torch.bool), 1.0, tma=True)
+        attend(q, k, k, 3, torch.ones(1, 1, dtype=torch.bool), 1.0, tma=True)
 
 
 def test_splits_agree_and_noncontiguous_q():
@@ -155,7 +165,7 @@ def test_splits_agree_and_noncontiguous_q():
     v = torch.randn((hkv, max_len, d), generator=gen).to(DEVICE)
     mask = tree_case("verify", t, t, gen).to(DEVICE)
     ref = tree_attention_ref(q, k, v, prefix, mask, 0.125)
-    outs = [tree_attention(q, k, v, torch.tensor(prefix, device=DEVICE), mask, 0.125, num_splits=s) for s in (1, 2, 7)]
+    outs = [attend(q, k, v, torch.tensor(prefix, device=DEVICE), mask, 0.125, num_splits=s) for s in (1, 2, 7)]
     for o in outs:
         assert rel_err(o, ref) < 1e-5
 
@@ -174,7 +184,7 @@ def test_prefix_changes_between_calls_with_same_buffers():
     for prefix in (3, 64, 200, 240):
         pl.fill_(prefix)
         out.fill_(float("nan"))
-        tree_attention(q, k, v, pl, mask, 0.125, num_splits=4, packed_mask=packed, out=out)
+        attend(q, k, v, pl, mask, 0.125, num_splits=4, packed_mask=packed, out=out)
         assert rel_err(out, tree_attention_ref(q, k, v, prefix, mask, 0.125)) < 1e-5
 
 
@@ -188,7 +198,7 @@ def test_row_without_keys_is_nan_like_reference():
     k = torch.randn((1, 64, 32), generator=gen).to(DEVICE)
     v = torch.randn((1, 64, 32), generator=gen).to(DEVICE)
     for splits in (1, 3):
-        out = tree_attention(q, k, v, 0, mask.to(DEVICE), 0.2, num_splits=splits)
+        out = attend(q, k, v, 0, mask.to(DEVICE), 0.2, num_splits=splits)
         ref = tree_attention_ref(q, k, v, 0, mask.to(DEVICE), 0.2)
         assert torch.isnan(out[2]).all() and torch.isnan(ref[2]).all()
         keep = torch.tensor([0, 1, 3, 4])
@@ -238,8 +248,8 @@ def test_in_kernel_combine_matches_reference_and_separate(case):
     out_k, ref = run_case(t, hq, hkv, d, max_len, prefix, mask, dtype, splits, gen, block_n=bn, workspace=ws)
     assert int(ws.counters.abs().sum()) == 0, "counters not reset"
     q, k, v = (torch.randn(s, generator=gen).to(dtype).to(DEVICE) for s in ((t, hq, d), (hkv, max_len, d), (hkv, max_len, d)))
-    a = tree_attention(q, k, v, prefix, mask.to(DEVICE), 0.3, num_splits=splits, block_n=bn, combine="kernel")
-    b = tree_attention(q, k, v, prefix, mask.to(DEVICE), 0.3, num_splits=splits, block_n=bn, combine="separate")
+    a = attend(q, k, v, prefix, mask.to(DEVICE), 0.3, num_splits=splits, block_n=bn, combine="kernel")
+    b = attend(q, k, v, prefix, mask.to(DEVICE), 0.3, num_splits=splits, block_n=bn, combine="separate")
     ref = tree_attention_ref(q, k, v, prefix, mask.to(DEVICE), 0.3)
     assert rel_err(a, ref) < TOL[dtype] and rel_err(b, ref) < TOL[dtype]
     assert rel_err(a, b) < 1e-5  # same partials, different merge order: agree to rounding
@@ -265,7 +275,7 @@ def test_workspace_counters_reset_across_repeated_calls():
         pl.fill_(prefix)
         for q, k, v, mask, packed, out in bufs:
             out.fill_(float("nan"))
-            tree_attention(q, k, v, pl, mask, 0.2, num_splits=6, block_n=16, block_m=16, packed_mask=packed, out=out,
+            attend(q, k, v, pl, mask, 0.2, num_splits=6, block_n=16, block_m=16, packed_mask=packed, out=out,
                            workspace=ws, combine="kernel")
             assert int(ws.counters.abs().sum()) == 0
             assert rel_err(out, tree_attention_ref(q, k, v, prefix, mask, 0.2)) < 1e-5
@@ -279,7 +289,7 @@ def test_no_keys_at_all_is_nan(combine):
     q = torch.randn((3, 2, 32), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     k = torch.randn((1, 64, 32)).to(DEVICE)
     mask = torch.zeros((3, 0), dtype=torch.bool, device=DEVICE)
-    out = tree_attention(q, k, k, 0, mask, 0.2, num_splits=4, combine=combine)
+    out = attend(q, k, k, 0, mask, 0.2, num_splits=4, combine=combine)
     assert torch.isnan(out).all() and torch.isnan(tree_attention_ref(q, k, k, 0, mask, 0.2)).all()
 
 
@@ -287,30 +297,32 @@ def test_bad_combine_mode():
     q = torch.randn((1, 2, 32)).to(DEVICE)
     k = torch.randn((1, 64, 32)).to(DEVICE)
     with pytest.raises(ValueError, match="combine"):
-        tree_attention(q, k, k, 5, torch.ones((1, 1), dtype=torch.bool, device=DEVICE), 0.2, combine="atomic")
+        attend(q, k, k, 5, torch.ones((1, 1), dtype=torch.bool, device=DEVICE), 0.2, combine="atomic")
 
 
 # ------------------------------------------------------------------------------ num_splits rule
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-SWEEP_CSV = RESULTS / "kernels_2026-12-02.csv"  # in-kernel combine era: grid + a 5-shape sweep
-FIT_CSV = RESULTS / "kernels_fit_2026-12-03.csv"  # combine "separate": 30 shapes x num_splits 1..64
-# BLOCK_M x BLOCK_N x warps x stages x splits (H200, bf16): 21 tiles on 6 shapes of 256-512 rows (the
-# first), 6 tiles on 8 shapes of 64-1024 rows (b), decode (c), D 64 (d: 64-512 rows, f: 4-64, h: kv
-# 4096), BLOCK_M 256 against 128 (e), 16-32 rows (g), BLOCK_M 16 against 64/128 at short KV (i)
-TILES_CSVS = [RESULTS / f"kernels_tiles_2026-12-03{s}.csv" for s in ("", "b", "c", "d", "e", "f", "g", "h", "i")]
+SWEEPS = Path(__file__).resolve().parent / "data" / "tree-attention-sweeps"  # bench_kernels.py results, H200
+SWEEP_CSV = SWEEPS / "splits-kernel-combine.csv"  # in-kernel combine era: grid + a 5-shape sweep
+FIT_CSV = SWEEPS / "splits-separate-combine.csv"  # combine "separate": 30 shapes x num_splits 1..64
+# nine tile sweeps, BLOCK_M x BLOCK_N x warps x stages x splits (H200, bf16): 21 tiles on 6 shapes of
+# 256-512 rows, 6 tiles on 8 shapes of 64-1024 rows, decode, D 64 (64-512 rows, 4-64, kv 4096), BLOCK_M
+# 256 against 128, 16-32 rows, BLOCK_M 16 against 64/128 at short KV; their timed rows and the columns
+# these tests read, in one file
+TILES_CSVS = [SWEEPS / "tiles-h200.csv"]
 
 
 def test_choose_config_rules():
-    # The two shapes the legacy heuristic over-split (KERNELS.md): the model picks the sweep's best,
-    # for the in-kernel combine (kernels_2026-12-02) and the separate one (kernels_fit_2026-12-03).
-    assert choose_config(64, 32, 8, 128, 16384, 2, 132, combine="kernel", max_block_m=64).num_splits == 4
-    assert choose_config(8, 8, 1, 128, 16384, 2, 132, combine="kernel").num_splits == 32
+    # The two shapes the first heuristic over-split: the model picks the sweep's best, for the
+    # in-kernel combine (kernels_2026-12-02, at the tiles it swept) and the separate one (kernels_fit_2026-12-03).
+    sweep_tiles = TreeAttentionLaunch(combine="kernel", block_m=64, num_warps=8)
+    assert choose_config(64, 32, 8, 128, 16384, 2, 132, sweep_tiles).num_splits == 4
+    assert choose_config(8, 8, 1, 128, 16384, 2, 132, TreeAttentionLaunch(combine="kernel")).num_splits == 32
     # default: combine "separate"; 256 rows take BLOCK_M 128, and the model then picks the tile sweep's
     # best split count (kernels_tiles_2026-12-03: 8 splits 51.9 µs, 4 splits 80.9, 16 splits 59.4)
     c = choose_config(64, 32, 8, 128, 16384, 2, 132)
     assert (c.block_m, c.num_warps, c.num_splits) == (128, 8, 8)
-    c = choose_config(64, 32, 8, 128, 16384, 2, 132, max_block_m=64)  # the earlier tiles
+    c = choose_config(64, 32, 8, 128, 16384, 2, 132, TreeAttentionLaunch(block_m=64))  # the earlier tile
     assert (c.block_m, c.num_splits) == (64, 4)
     assert choose_config(128, 32, 8, 128, 16384, 2, 132).num_splits == 4  # 512 rows: 4 (85.3 µs; 8: 93.9)
     c = choose_config(16, 32, 8, 128, 4096, 2, 132)  # 64 rows, 64 MiB of 16-row K/V reads: BLOCK_M 128
@@ -329,41 +341,35 @@ def test_choose_config_rules():
     assert (c.num_splits, c.num_stages) == (32, 2)
     # ...and TMA K/V loads there, 128 MiB of 16-row reads (kernels_tiles_2026-12-03j: 30.8 µs, 33.8
     # without); not at 4 MiB (8/1 kv 1024 q16: 7.6 with, 7.5 without), not for wider tiles or float32
-    assert c.tma and not choose_config(8, 32, 8, 128, 16384, 2, 132, tma=False).tma
+    assert c.tma and not choose_config(8, 32, 8, 128, 16384, 2, 132, TreeAttentionLaunch(tma=False)).tma
     assert not choose_config(16, 8, 1, 128, 1024, 2, 132).tma
     assert not choose_config(64, 32, 8, 128, 16384, 2, 132).tma
     assert not choose_config(8, 32, 8, 128, 16384, 4, 132).tma
-    assert not choose_config(8, 32, 8, 128, 16384, 2, 132, rule="legacy").tma
     assert choose_config(1, 32, 8, 128, 16384, 2, 132).num_stages == 3
-    c = choose_config(12, 32, 8, 128, 1024, 2, 132, max_block_m=64)  # earlier tiles: 48 rows BLOCK_M 64, 8 warps
-    assert (c.block_m, c.num_warps) == (64, 8)
     c = choose_config(12, 32, 8, 128, 16384, 2, 132)  # 48 rows, 96 MiB: BLOCK_M 64 with 4 warps
     assert (c.block_m, c.num_warps) == (64, 4)
     # D 64 (Llama-3.2-1B): BLOCK_M 128 was slower there; BLOCK_N 64 with 4 warps the D 64 sweep's best
-    # (kernels_tiles_2026-12-03d: kv 4096 q64 64/64/4/3 8 splits 17.7 µs); the earlier tiles on request
+    # (kernels_tiles_2026-12-03d: kv 4096 q64 64/64/4/3 8 splits 17.7 µs)
     c = choose_config(64, 32, 8, 64, 4096, 2, 132)
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == (64, 64, 4, 3)
     c = choose_config(16, 32, 8, 64, 1024, 2, 132)  # kv 1024 q16: 64/64/4/2 7.8 µs (64/128/8/2: 11.3)
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == (64, 64, 4, 2)
     assert choose_config(8, 32, 8, 64, 1024, 2, 132).block_m == 16  # 32 rows (7.2 µs; BLOCK_M 32 8.4)
-    c = choose_config(64, 32, 8, 64, 4096, 2, 132, max_block_m=64)
-    assert (c.block_m, c.block_n, c.num_warps) == (64, 128, 8)
     assert choose_config(64, 32, 8, 128, 16384, 4, 132).block_m == 64  # float32 path unchanged
     assert choose_config(8, 8, 1, 128, 16384, 2, 132).num_splits == 64  # its merge is cheap: more splits
     with pytest.raises(ValueError, match="combine"):
-        choose_config(8, 8, 1, 128, 1024, 2, combine="atomic")
-    assert choose_config(64, 32, 8, 128, 16384, 2, 132, rule="legacy").num_splits == 9
-    assert choose_config(8, 8, 1, 128, 16384, 2, 132, rule="legacy").num_splits == 64
-    c = choose_config(1, 8, 1, 128, 16384, 2, 132, rule="legacy")  # 70B TP-8 decode
-    assert c.block_m == 16 and c.num_splits == 64
+        TreeAttentionLaunch(combine="atomic")
     assert choose_config(8, 8, 1, 128, 64, 2, 132).num_splits == 1  # one key block: no split
-    assert choose_config(8, 8, 1, 128, 16384, 2, 132, num_splits=5).num_splits == 5  # override wins
+    assert choose_config(8, 8, 1, 128, 16384, 2, 132, TreeAttentionLaunch(num_splits=5)).num_splits == 5  # override wins
     # a third pipeline stage only where a split walks >= 8 key blocks (bf16/fp16)
     assert choose_config(64, 32, 8, 128, 16384, 2, 132).num_stages == 3  # 4096 keys per split
     assert choose_config(8, 8, 1, 128, 1024, 2, 132).num_stages == 2  # 128 keys per split
     assert choose_config(64, 32, 8, 128, 16384, 4, 132).num_stages == 2  # float32 path unchanged
-    with pytest.raises(ValueError, match="rule"):
-        choose_config(8, 8, 1, 128, 1024, 2, rule="fast")
+
+
+def sweep_tiles(rows: int) -> TreeAttentionLaunch:
+    """The tiles the num_splits sweeps ran (before the tile sweeps): BLOCK_M 16..64 by the rows."""
+    return TreeAttentionLaunch(num_splits=1, block_m=min(64, max(16, 1 << (rows - 1).bit_length())))
 
 
 @pytest.mark.parametrize("combine", ["kernel", "separate"])
@@ -377,7 +383,7 @@ def test_split_model_reproduces_committed_sweep(combine):
         "separate": (FIT_CSV, SEPARATE_COST, 1.20, 1.02, 0.40),
     }[combine]
     df = pd.read_csv(csv)
-    if "combine" in df:  # the 2026-12-02 file predates the column (its combine: a serial second launch)
+    if "combine" in df:  # the kernel-combine sweep predates the column (its combine: a serial second launch)
         df = df[df["combine"] == combine]
     sweep = df[df.impl == "triton_sweep"]
     assert sweep.groupby(["heads", "kv", "queries"]).ngroups == (5 if combine == "kernel" else 30)
@@ -385,7 +391,7 @@ def test_split_model_reproduces_committed_sweep(combine):
     for (heads, kv, t), g in sweep.groupby(["heads", "kv", "queries"]):
         hq, hkv = map(int, heads.split("/"))
         measured = g.set_index("num_splits").us
-        cfg = choose_config(t, hq, hkv, 128, kv, 2, 132, num_splits=1, max_block_m=64)  # the sweep's tiles
+        cfg = choose_config(t, hq, hkv, 128, kv, 2, 132, sweep_tiles(t * hq // hkv))
         pick = cost.best_splits(t * hq // hkv, hkv, 128, kv, cfg.block_m, cfg.block_n, 132,
                                 candidates=tuple(int(s) for s in measured.index))
         ratios.append(measured[pick] / measured.min())
@@ -396,7 +402,7 @@ def test_split_model_reproduces_committed_sweep(combine):
     assert sum(ratios) / len(ratios) <= mean_close
     for r in df[df.impl.isin(["triton", "triton_sweep"])].itertuples():
         hq, hkv = map(int, r.heads.split("/"))
-        cfg = choose_config(r.queries, hq, hkv, 128, r.kv, 2, 132, num_splits=1, max_block_m=64)
+        cfg = choose_config(r.queries, hq, hkv, 128, r.kv, 2, 132, sweep_tiles(r.queries * hq // hkv))
         pred = cost.time_us(int(r.num_splits), r.queries * hq // hkv, hkv, 128, r.kv, cfg.block_m, cfg.block_n)
         assert abs(pred - r.us) <= track * r.us, (r, pred)
 
@@ -456,13 +462,13 @@ def test_fit_script_reproduces_the_separate_cost_model(tmp_path):
     import subprocess
     import sys
 
-    script = RESULTS.parent / "fit_split_model.py"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fit_split_model.py"
     proc = subprocess.run([sys.executable, str(script), str(FIT_CSV)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     fitted = dict(kv.split("=") for kv in proc.stdout.split("(", 1)[1].split(", merge_over")[0].split(", "))
     for name, value in fitted.items():
         assert float(value) == pytest.approx(getattr(SEPARATE_COST, name), rel=2e-3, abs=1e-6), name
-    for bad in (tmp_path / "missing.csv", SWEEP_CSV):  # the 2026-12-02 file has no combine column
+    for bad in (tmp_path / "missing.csv", SWEEP_CSV):  # the kernel-combine sweep has no combine column
         proc = subprocess.run([sys.executable, str(script), str(bad)], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
 
@@ -526,11 +532,11 @@ def test_gpu_cuda_graph_replay_reads_prefix_from_device(combine, tma):
     packed = pack_tree_mask(mask)
     ws = TreeAttentionWorkspace("cuda")
     kw = {"packed_mask": packed, "out": out, "workspace": ws, "combine": combine, "tma": tma}
-    tree_attention(q, k, v, pl, mask, d**-0.5, **kw)  # compile outside capture
+    attend(q, k, v, pl, mask, d**-0.5, **kw)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(3):  # three layers sharing one workspace inside one graph
-            tree_attention(q, k, v, pl, mask, d**-0.5, **kw)
+            attend(q, k, v, pl, mask, d**-0.5, **kw)
     for prefix in (100, 5000, 8000, 0, 7000, 7000, 30):
         pl.fill_(prefix)
         out.fill_(float("nan"))
@@ -556,8 +562,8 @@ def test_gpu_in_kernel_combine_stress(splits):
     mask = tree_case("verify", t, t, gen).cuda()
     ws = TreeAttentionWorkspace("cuda")
     for prefix in (8000, 3000, 64, 0):
-        ref = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits, combine="separate").float()
+        ref = attend(q, k, v, prefix, mask, d**-0.5, num_splits=splits, combine="separate").float()
         for _ in range(50):
-            out = tree_attention(q, k, v, prefix, mask, d**-0.5, num_splits=splits, workspace=ws, combine="kernel")
+            out = attend(q, k, v, prefix, mask, d**-0.5, num_splits=splits, workspace=ws, combine="kernel")
             assert (out.float() - ref).abs().max() <= 1e-2 * ref.abs().max()
         assert int(ws.counters.abs().sum()) == 0

@@ -9,6 +9,7 @@ both GQA groups and every split count / block / stage setting the benchmark uses
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
 
@@ -19,6 +20,7 @@ from swiftspec.kernels import compile_check
 from swiftspec.kernels import tree_attention_ws as ws
 from swiftspec.kernels.tree_attention import ancestor_mask
 from swiftspec.runtime.attention import tree_attention_ref
+from swiftspec.runtime.kernel_config import KernelConfig
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -52,7 +54,7 @@ def test_refuses_what_it_cannot_run():
     mask = torch.ones(4, 4, dtype=torch.bool)
     for kw in ({"block_n": 32}, {"num_stages": 5}, {"num_stages": 1}):
         with pytest.raises(ValueError, match="block_n must be 64 or 128"):  # the tile is checked first
-            ws.tree_attention_ws(q, k, k, 32, mask, 0.1, **kw)
+            ws.tree_attention_ws(q, k, k, 32, mask, 0.1, launch=ws.WsLaunch(**kw))
 
 
 def test_default_splits_fill_the_sms_once():
@@ -97,8 +99,8 @@ def test_gpu_equals_reference(kv, t, hq, hkv, kind, block_n, stages, splits, d, 
     ref = tree_attention_ref(q, k, v, prefix, mask, d**-0.5).float()
     out = torch.full_like(q, float("nan"))
     pl = torch.tensor(prefix, dtype=torch.int32, device="cuda")
-    ws.tree_attention_ws(q, k, v, pl, mask, d**-0.5, num_splits=splits, num_stages=stages, q_smem=q_smem,
-                         block_n=block_n, out=out)
+    ws.tree_attention_ws(q, k, v, pl, mask, d**-0.5, out=out,
+                         launch=ws.WsLaunch(num_splits=splits, num_stages=stages, q_smem=q_smem, block_n=block_n))
     err = float((out.float() - ref).norm() / ref.norm())
     assert not out.isnan().any() and err < 2e-2, err
 
@@ -126,13 +128,18 @@ def test_gpu_graph_replay_reads_the_live_prefix(pdl):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER or bool(ws.GLUON_ERROR), reason="needs an sm_90 GPU and Gluon")
 def test_gpu_model_takes_the_ws_kernel_from_ws_rows():
-    """`set_attention("triton", ws_rows=256)` on two Llama-3-8B-shaped layers (random weights):
+    """`KernelConfig.attention_ws_rows` 256 on two Llama-3-8B-shaped layers (random weights):
     the prefill (700 tokens) and a 64-node verify (256 rows per KV head) go through the Gluon
     kernel, once per layer each, and the verify's logits match the Triton kernel's (bf16)."""
     from swiftspec.runtime.kv_cache import KVCache
     from swiftspec.runtime.weights import load_model
 
-    model = load_model("Llama-3-8B", weights="random", num_layers=2, device="cuda", dtype=torch.bfloat16)
+    def model_with(ws_rows):
+        kernels = dataclasses.replace(KernelConfig.resolve("cuda"), attention_ws_rows=ws_rows, attention_ws_min_tokens=0)
+        return load_model("Llama-3-8B", weights="random", num_layers=2, device="cuda", dtype=torch.bfloat16,
+                          kernels=kernels)
+
+    model = model_with(0)
     g = torch.Generator().manual_seed(3)
     prefix, n = 700, 64
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
@@ -146,7 +153,7 @@ def test_gpu_model_takes_the_ws_kernel_from_ws_rows():
     causal = torch.ones(prefix, prefix, dtype=torch.bool, device="cuda").tril()
     logits = {}
     for ws_rows in (0, 256):
-        model.set_attention("triton", ws_rows=ws_rows)
+        model = model_with(ws_rows)  # same seed: the same weights
         calls = []
         if ws_rows:
             kernel = model._ws_kernel
@@ -169,13 +176,13 @@ def test_model_falls_back_where_the_ws_kernel_cannot_run(make_checkpoint):
     from swiftspec.runtime.kv_cache import KVCache
     from swiftspec.runtime.weights import load_model
 
-    model = load_model(make_checkpoint("llama"), attention="triton", fusion="off", linear="torch")
+    path = make_checkpoint("llama")
     prompt = torch.tensor([3, 14, 15, 92, 65, 35])
     ar = torch.arange(6)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     out = []
     for ws_rows in (0, 1):
-        model.set_attention("triton", ws_rows=ws_rows)
+        model = load_model(path, kernels=KernelConfig(attention="triton", attention_ws_rows=ws_rows))
         cache = KVCache(model.spec, model.shard, 16, "cpu", torch.float32)
         out.append(model(prompt, ar, cache, ar, 0, causal))
     assert torch.equal(out[0], out[1])
@@ -184,7 +191,7 @@ def test_model_falls_back_where_the_ws_kernel_cannot_run(make_checkpoint):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or bool(ws.GLUON_ERROR),
                     reason="the Triton attention on CPU needs TRITON_INTERPRET=1; ws_rows needs Gluon")
 def test_model_gates_the_ws_kernel_by_rows_and_tokens(make_checkpoint):
-    """`ws_rows` and `ws_min_tokens` both gate the Gluon kernel: with its refusal and the kernel
+    """`attention_ws_rows` and `attention_ws_min_tokens` both gate the Gluon kernel: with its refusal and the kernel
     replaced by a recorder (which runs the Triton kernel, so the logits are unchanged), a forward
     takes it only with at least ws_min_tokens tokens and ws_rows rows (tokens x group) per KV head,
     once per layer."""
@@ -192,13 +199,15 @@ def test_model_gates_the_ws_kernel_by_rows_and_tokens(make_checkpoint):
     from swiftspec.runtime.kv_cache import KVCache
     from swiftspec.runtime.weights import load_model
 
-    model = load_model(make_checkpoint("llama"), attention="triton", fusion="off", linear="torch")
+    path = make_checkpoint("llama")
+    model = load_model(path, kernels=KernelConfig(attention="triton"))
     group = model.shard.q_heads // model.shard.kv_heads
     layers = model.spec.num_layers
     prompt = torch.tensor([3, 14, 15, 92, 65, 35])
     for ws_rows, min_tokens, want in ((1, 4, {6: layers, 2: 0}), (3 * group, 0, {6: layers, 2: 0}),
                                       (1, 0, {6: layers, 2: layers}), (7 * group, 0, {6: 0, 2: 0})):
-        model.set_attention("triton", ws_rows=ws_rows, ws_min_tokens=min_tokens)
+        model = load_model(path, kernels=KernelConfig(attention="triton", attention_ws_rows=ws_rows,
+                                                      attention_ws_min_tokens=min_tokens))
         calls = []
         model._ws_check = lambda *a: ""
         model._ws_kernel = lambda q, *a, calls=calls, pdl=False, **k: calls.append(q.shape[0]) or tree_attention(

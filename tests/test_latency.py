@@ -4,7 +4,7 @@ import pytest
 
 from swiftspec.sim.latency import ExtrapolationError, LatencyModel
 from swiftspec.sim.profile_default import (
-    DESIGN_ANCHORS,
+    ANCHORS,
     build_derived_h200_profile,
     bundled_profile_dir,
     default_profile,
@@ -43,7 +43,7 @@ def test_grid_points_reproduced_exactly(derived):
     lm = LatencyModel(prof)
     rows = prof.compute[prof.compute["op"] != "host"].sample(200, random_state=0)
     for r in rows.itertuples():
-        got = lm._op(r.op, r.model, r.tp, r.tokens, r.kv_len)
+        got = lm.op_ms(r.op, r.model, r.tp, r.tokens, r.kv_len)
         assert got == pytest.approx(r.ms, rel=1e-12, abs=1e-12), r
     for r in prof.comm.sample(30, random_state=0).itertuples():
         got = lm.send_recv_ms(r.bytes) if r.collective == "send_recv" else (
@@ -113,13 +113,13 @@ def test_step_adds_tp_communication(derived, specs):
     assert lm.allreduce_ms(2, 10) == lm.allreduce_ms(2, 1024)  # tiny messages: latency-bound
 
 
-def test_derived_reproduces_design_numbers(derived, specs):
+def test_derived_reproduces_the_anchors(derived, specs):
     lm = LatencyModel(derived[0])
     assert lm.label == "derived" and lm.memory_bytes == 141_000_000_000
-    for name, tp, tokens, kv, ms in DESIGN_ANCHORS:
+    for name, tp, tokens, kv, ms in ANCHORS:
         got = lm.forward_ms(specs[name], tp, tokens, kv)
         assert got == pytest.approx(ms, rel=0.10), (name, tp, tokens)
-    # per-layer attention increments from DESIGN's SDPA table (tree mask, 8-128 queries, µs)
+    # per-layer attention increments from the SDPA anchors (tree mask, 8-128 queries, µs)
     m = specs["Llama-3-8B"]
     for tokens in (8, 64):
         d1 = (lm.forward_ms(m, 1, tokens, 4096) - lm.forward_ms(m, 1, tokens, 1024)) / 32 * 1e3

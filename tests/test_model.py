@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.weights import load_model
 
@@ -129,7 +131,7 @@ def test_attention_impls_agree(make_checkpoint):
         impls.append("triton")  # the Triton kernel through the model, on CPU via the interpreter
     outs = []
     for impl in impls:
-        model = load_model(path, attention=impl)
+        model = load_model(path, kernels=KernelConfig(attention=impl))
         cache = KVCache(model.spec, model.shard, 32, "cpu", torch.float32)
         prefill(model, cache, list(range(5)))
         outs.append(model(toks, 5 + depth, cache, 5 + torch.arange(9), 5, mask))
@@ -211,8 +213,9 @@ def test_graph_runner_matches_eager_on_gpu(make_checkpoint, attention, fused, in
     if attention == "triton":
         pytest.importorskip("swiftspec.kernels.tree_attention")
     path = make_checkpoint("llama")
-    model = load_model(path, device="cuda", attention=attention)
-    model.set_fusion(fused)
+    fusion = {False: "off", True: "compile"}.get(fused, fused)
+    kernels = dataclasses.replace(KernelConfig.resolve("cuda", attention=attention), fusion=fusion)
+    model = load_model(path, device="cuda", kernels=kernels)
     gen = torch.Generator().manual_seed(5)
     _, mask, depth = random_tree(11, gen)
     toks = torch.randint(0, 256, (11,), generator=gen)
@@ -260,8 +263,7 @@ def test_compile_fusion_survives_many_token_counts(make_checkpoint):
     graph buckets and prefill lengths of one decode. It once compiled each count statically and
     failed with FailOnRecompileLimitHit on the H200 (the xfail of the GPU graph test)."""
     path = make_checkpoint("llama")
-    model, ref_model = load_model(path), load_model(path)
-    model.set_fusion("compile")
+    model, ref_model = load_model(path, kernels=KernelConfig(fusion="compile")), load_model(path)
     gen = torch.Generator().manual_seed(9)
     for t in (1, 2, 3, 4, 5, 7, 8, 11, 16, 20):
         ids = torch.randint(0, 256, (t,), generator=gen).tolist()

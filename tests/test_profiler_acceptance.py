@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from swiftspec.profiler.acceptance import parse_policy, profile_acceptance, ranks_of
+from swiftspec.profiler.acceptance import AcceptanceOptions, parse_policy, profile_acceptance, ranks_of
 from swiftspec.profiler.prompts import builtin_sets, encode, load_prompts, read_jsonl
-from swiftspec.spec import AcceptanceProfile, Mode, TreePolicy, UserError
+from swiftspec.spec import AcceptanceProfile, Mode, SamplingParams, TreePolicy, UserError
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +22,9 @@ def prompts_file(tmp_path_factory):
 
 def test_draft_equal_to_target_accepts_everything(make_checkpoint, prompts_file, tmp_path):
     ckpt = make_checkpoint("llama", tokenizer=True)
-    prof = profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), max_new_tokens=10, top_k=4,
-                              policies=["chain/bs3-w1-d2", "bs5-w1-d4", "serial/bs6-w2-d3"], progress=False)  # fmt: skip
+    opts = AcceptanceOptions(prompts=str(prompts_file), max_new_tokens=10, top_k=4,
+                             policies=("chain/bs3-w1-d2", "bs5-w1-d4", "serial/bs6-w2-d3"))
+    prof = profile_acceptance(ckpt, ckpt, opts, progress=False)
     assert len(prof.traces) == 3 and all(len(t) >= 1 for t in prof.traces)
     assert all(r == 0 for t in prof.traces for r in t)
     assert prof.positional == [1.0, 0.0, 0.0, 0.0]
@@ -45,15 +46,16 @@ def test_sampled_profile_ranks_the_targets_draws(make_checkpoint, prompts_file):
     ranks every token 0 (greedy: all 0, above); the speculative runs at the same seeds still equal
     it token for token, and the profile says it is sampled."""
     ckpt = make_checkpoint("llama", tokenizer=True)
-    prof = profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), max_new_tokens=12, top_k=256,
-                              policies=["chain/bs3-w1-d2", "serial/bs6-w2-d3"], progress=False, temperature=1.5,
-                              sample_seed=4)  # fmt: skip
+    opts = AcceptanceOptions(prompts=str(prompts_file), max_new_tokens=12, top_k=256,
+                             policies=("chain/bs3-w1-d2", "serial/bs6-w2-d3"))
+    prof = profile_acceptance(ckpt, ckpt, opts, SamplingParams(temperature=1.5, seed=4), progress=False)
     ranks = [r for t in prof.traces for r in t]
     assert ranks.count(0) < len(ranks) and -1 not in ranks  # top_k = vocab: every draw has a rank
     assert all(prof.meta["lossless"].values()) and prof.accepted["chain/bs3-w1-d2"] < 3.0
     assert prof.meta["temperature"] == 1.5 and prof.meta["sample_seed"] == 4 and prof.meta["name"].endswith("__T1.5")
-    with pytest.raises(UserError, match="--temperature must be a finite number >= 0"):
-        profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), temperature=-1, progress=False)
+    with pytest.raises(UserError, match="temperature must be a finite number >= 0"):
+        profile_acceptance(ckpt, ckpt, AcceptanceOptions(prompts=str(prompts_file)), SamplingParams(temperature=-1),
+                           progress=False)
 
 
 def test_truncated_sampled_profile_stays_inside_the_cut(make_checkpoint, prompts_file):
@@ -61,16 +63,17 @@ def test_truncated_sampled_profile_stays_inside_the_cut(make_checkpoint, prompts
     (the same distribution) every rank is 0, 1 or 2, some are not 0; speculation at the same cut
     stays lossless; the name and meta record the cut."""
     ckpt = make_checkpoint("llama", tokenizer=True)
-    prof = profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), max_new_tokens=12, top_k=256,
-                              policies=["serial/bs6-w2-d3"], progress=False, temperature=2.0, sample_seed=1,
-                              sample_top_k=3, sample_top_p=0.95)  # fmt: skip
+    opts = AcceptanceOptions(prompts=str(prompts_file), max_new_tokens=12, top_k=256, policies=("serial/bs6-w2-d3",))
+    prof = profile_acceptance(ckpt, ckpt, opts, SamplingParams(temperature=2.0, seed=1, top_k=3, top_p=0.95),
+                              progress=False)
     ranks = [r for t in prof.traces for r in t]
     assert set(ranks) <= {0, 1, 2} and set(ranks) != {0}, ranks
     assert all(prof.meta["lossless"].values())
     assert prof.meta["name"].endswith("__T2k3p0.95")
     assert (prof.meta["sample_top_k"], prof.meta["sample_top_p"]) == (3, 0.95)
-    with pytest.raises(UserError, match="--sample-top-p must be in"):
-        profile_acceptance(ckpt, ckpt, prompts=str(prompts_file), temperature=1, sample_top_p=0, progress=False)
+    with pytest.raises(UserError, match="top-p must be in"):
+        profile_acceptance(ckpt, ckpt, AcceptanceOptions(prompts=str(prompts_file)),
+                           SamplingParams(temperature=1, top_p=0), progress=False)
 
 
 def test_fp8_draft_of_the_target_measures_fp8_fidelity(make_checkpoint, prompts_file):
@@ -79,7 +82,8 @@ def test_fp8_draft_of_the_target_measures_fp8_fidelity(make_checkpoint, prompts_
     checkpoint); the names and meta say which side is fp8, and speculation stays lossless. Both
     sides fp8 is the fp8 model against itself: every rank 0."""
     ckpt = make_checkpoint("llama", tokenizer=True, num_hidden_layers=2, seed=3)
-    kw = dict(prompts=str(prompts_file), max_new_tokens=24, top_k=4, policies=["chain/bs3-w1-d2"], progress=False)
+    opts = AcceptanceOptions(prompts=str(prompts_file), max_new_tokens=24, top_k=4, policies=("chain/bs3-w1-d2",))
+    kw = dict(options=opts, progress=False)
     prof = profile_acceptance(ckpt, ckpt, draft_weight_format="fp8", **kw)
     ranks = [r for t in prof.traces for r in t]
     assert 0 < ranks.count(0) < len(ranks) and ranks.count(0) >= len(ranks) / 2, ranks
@@ -99,8 +103,8 @@ def test_ranks_match_transformers_teacher_forcing(make_checkpoint, prompts_file)
 
     target = make_checkpoint("llama", tokenizer=True)
     draft = make_checkpoint("llama", tokenizer=True, seed=3)
-    prof = profile_acceptance(target, draft, prompts=str(prompts_file), max_new_tokens=8, top_k=256, policies=[],
-                              progress=False)  # fmt: skip
+    opts = AcceptanceOptions(prompts=str(prompts_file), max_new_tokens=8, top_k=256, policies=())
+    prof = profile_acceptance(target, draft, opts, progress=False)
     hf_t = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     hf_d = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval()
     from swiftspec.runtime.weights import load_tokenizer
@@ -212,8 +216,8 @@ def test_real_pair_matches_shipped_profile(draft):
     cache = Path(os.environ.get("SWIFTSPEC_CACHE", Path.home() / ".cache" / "swiftspec")) / "real"
     if not (cache / "smollm2-135m" / "model.safetensors").exists():
         pytest.skip("real SmolLM2 pair not prepared (python -m swiftspec.profiler.real_models)")
-    prof = profile_acceptance(cache / "smollm2-135m", cache / f"smollm2-{draft}", num_prompts=2,
-                              max_new_tokens=16, policies=["chain/bs5-w1-d4"], accepted_prompts=1, progress=False)  # fmt: skip
+    opts = AcceptanceOptions(num_prompts=2, max_new_tokens=16, policies=("chain/bs5-w1-d4",), accepted_prompts=1)
+    prof = profile_acceptance(cache / "smollm2-135m", cache / f"smollm2-{draft}", opts, progress=False)
     shipped = AcceptanceProfile.load(Path(__file__).parents[1] / "swiftspec" / "data" / "acceptance"
                                      / f"smollm2-135m__{draft}.json")  # fmt: skip
     # the shipped traces start with the same prompts: the first 16 ranks of each must agree

@@ -13,11 +13,12 @@ from swiftspec.profiler.compute import (
     COLUMNS,
     PARTIAL,
     ComputeGrid,
+    ComputeOptions,
     TimingConfig,
     profile_compute,
     shard_model,
 )
-from swiftspec.runtime.weights import kernel_mismatch
+from swiftspec.runtime.kernel_config import kernel_mismatch
 from swiftspec.spec import ModelSpec, Profile, UserError
 
 GRID = ComputeGrid(tps=(1, 2), tokens=(1, 2, 4), kv=(16, 32, 64), compact=(1, 4))
@@ -28,7 +29,8 @@ FAST = TimingConfig(warmup=1, min_repeats=3, max_repeats=3, target_ms=1.0, unrol
 def cpu_profile(make_checkpoint, tmp_path_factory):
     ckpt = make_checkpoint("llama")
     out = tmp_path_factory.mktemp("prof") / "p"
-    res = profile_compute([str(ckpt)], out, device="cpu", grid=GRID, timing=FAST, host=False, progress=False)
+    res = profile_compute([str(ckpt)], out, device="cpu", grid=GRID, timing=FAST,
+                          progress=False, options=ComputeOptions(host=False))
     return ckpt, out, res
 
 
@@ -100,7 +102,8 @@ def test_resume_skips_measured_keys(make_checkpoint, tmp_path):
                 {"op": "embed", "model": name, "tp": 1, "tokens": 1, "kv_len": 0, "ms": 0.5, "p10": 0.5, "p90": 0.5,
                  "n": 7}]  # fmt: skip
     pd.DataFrame(sentinel, columns=list(COLUMNS)).to_csv(out / PARTIAL, index=False)
-    profile_compute([str(ckpt)], out, device="cpu", grid=grid, timing=FAST, host=False, progress=False)
+    profile_compute([str(ckpt)], out, device="cpu", grid=grid, timing=FAST,
+                    progress=False, options=ComputeOptions(host=False))
     c = Profile.load(out).compute
     fwd = c[(c["op"] == "forward") & (c["tokens"] == 2)]
     assert fwd["ms"].tolist() == [123.0] and fwd["n"].tolist() == [7]
@@ -109,7 +112,8 @@ def test_resume_skips_measured_keys(make_checkpoint, tmp_path):
     assert not (out / PARTIAL).exists()
     # a finished compute.csv as the partial (its derived layers rows included): nothing is doubled
     (out / "compute.csv").rename(out / PARTIAL)
-    profile_compute([str(ckpt)], out, device="cpu", grid=grid, timing=FAST, host=False, progress=False)
+    profile_compute([str(ckpt)], out, device="cpu", grid=grid, timing=FAST,
+                    progress=False, options=ComputeOptions(host=False))
     again = Profile.load(out).compute
     keys = ["op", "model", "tp", "tokens", "kv_len"]
     assert not again.duplicated(keys).any() and len(again) == len(c)
@@ -118,8 +122,8 @@ def test_resume_skips_measured_keys(make_checkpoint, tmp_path):
 
 def test_time_budget_leaves_partial_and_marks_incomplete(make_checkpoint, tmp_path):
     ckpt = make_checkpoint("llama")
-    res = profile_compute([str(ckpt)], tmp_path / "p", device="cpu", grid=GRID, timing=FAST, host=False,
-                          progress=False, time_budget_s=1e-9)  # fmt: skip
+    res = profile_compute([str(ckpt)], tmp_path / "p", device="cpu", grid=GRID, timing=FAST, progress=False,
+                          options=ComputeOptions(host=False, time_budget_s=1e-9))  # fmt: skip
     assert res.missing > 0
     assert (tmp_path / "p" / PARTIAL).exists()
     assert json.loads((tmp_path / "p" / "meta.json").read_text())["compute"]["incomplete"] is True
@@ -141,8 +145,8 @@ def test_aliases_copy_rows_of_identical_shapes(make_checkpoint, tmp_path):
     a = make_checkpoint("llama")
     b = make_checkpoint("llama", seed=5)  # same shapes, other folder name
     grid = ComputeGrid(tps=(1,), tokens=(1, 2), kv=(16,), compact=(1,))
-    res = profile_compute([str(a), str(b)], tmp_path / "p", device="cpu", grid=grid, timing=FAST, host=False,
-                          progress=False)  # fmt: skip
+    res = profile_compute([str(a), str(b)], tmp_path / "p", device="cpu", grid=grid, timing=FAST, progress=False,
+                          options=ComputeOptions(host=False))  # fmt: skip
     na, nb = ModelSpec.from_config(a).name, ModelSpec.from_config(b).name
     meta = json.loads((tmp_path / "p" / "meta.json").read_text())
     assert meta["compute"]["aliases"] == {nb: na}
@@ -221,7 +225,7 @@ def test_host_rows_cover_every_mode(make_checkpoint, tmp_path):
     ckpt = make_checkpoint("llama")
     grid = ComputeGrid(tps=(1,), tokens=(1,), kv=(16,), compact=(1,))
     res = profile_compute([str(ckpt)], tmp_path / "p", device="cpu", grid=grid, timing=FAST, progress=False,
-                          host_decodes=(2, 8))  # fmt: skip
+                          options=ComputeOptions(host_decodes=(2, 8)))  # fmt: skip
     host = res.compute[res.compute["op"] == "host"].set_index("model")
     assert set(host.index) == {m.value for m in Mode}
     assert (host.loc[["autoregressive", "chain", "serial"], "n"] == 2).all()  # measured: 2 decodes each
@@ -251,16 +255,16 @@ def test_fp8_profile_is_labelled_and_kept_apart(cpu_profile, make_checkpoint, tm
     ckpt, native_out, _ = cpu_profile
     grid = ComputeGrid(tps=(1,), tokens=(1, 2), kv=(16, 32), compact=(1,))
     out = tmp_path / "fp8"
-    res = profile_compute([str(ckpt)], out, device="cpu", grid=grid, timing=FAST, host=False, progress=False,
-                          weight_format="fp8")  # fmt: skip
+    res = profile_compute([str(ckpt)], out, device="cpu", grid=grid, timing=FAST, progress=False,
+                          options=ComputeOptions(host=False, weight_format="fp8"))  # fmt: skip
     prof = Profile.load(out)
     assert prof.meta["weight_format"] == "fp8" and ", fp8 weights" in prof.label
     assert any(m.startswith("weight_format: profile fp8") for m in kernel_mismatch(prof.meta, "cpu"))
     assert (res.compute["op"] == "forward").any()
     assert Profile.load(native_out).meta["weight_format"] == "native"
     with pytest.raises(UserError, match="holds a native-weight profile"):
-        profile_compute([str(ckpt)], native_out, device="cpu", grid=grid, timing=FAST, host=False, progress=False,
-                        weight_format="fp8")  # fmt: skip
+        profile_compute([str(ckpt)], native_out, device="cpu", grid=grid, timing=FAST, progress=False,
+                        options=ComputeOptions(host=False, weight_format="fp8"))  # fmt: skip
     with pytest.raises(UserError, match="--weight-format must be one of"):
-        profile_compute([str(ckpt)], tmp_path / "x", device="cpu", grid=grid, timing=FAST, host=False,
-                        progress=False, weight_format="int4")  # fmt: skip
+        profile_compute([str(ckpt)], tmp_path / "x", device="cpu", grid=grid, timing=FAST, progress=False,
+                        options=ComputeOptions(host=False, weight_format="int4"))  # fmt: skip

@@ -2,7 +2,7 @@
 
 Simulated studies run the real planner on a few GPU counts / cells / budgets; the measured ones
 read a 40 KB subset of an H200 run log (tests/data/runlog-h200-async-mini: prompt 0, iterations
-0-14 of each task) and the committed benchmark results.
+0-14 of each task), benchmark results in tests/data and the results bundled in swiftspec/data/results.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from swiftspec.studies.simulated import load
 
 DATA = Path(__file__).parent / "data"
 RUNLOG = DATA / "runlog-h200-async-mini"
-RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
+BUNDLED = Path(__file__).parents[1] / "swiftspec" / "data" / "results"
 MEASURED_ACC = Path(__file__).parents[1] / "swiftspec" / "data" / "acceptance" / "smollm2-135m__int3g32.json"
 
 
@@ -86,8 +86,8 @@ def test_validation_from_report(tmp_path):
 
 
 def test_validation_from_committed_h200_report(tmp_path):
-    """The committed `swiftspec validate` report: target/draft columns, autoregressive rows with no draft."""
-    report = Path(__file__).parents[1] / "benchmarks" / "results" / "validation_h200" / "report.csv"
+    """A `swiftspec validate` report of an H200: target/draft columns, autoregressive rows with no draft."""
+    report = DATA / "validation-report-no-draft" / "report.csv"
     df = pd.read_csv(report)
     assert df["draft"].isna().any()  # what this test is about
     out = validation.main([report], tmp_path)
@@ -95,22 +95,30 @@ def test_validation_from_committed_h200_report(tmp_path):
 
 
 def test_validation_report_labels_its_weights(tmp_path):
-    """A report whose report.json says random fp8 weights (run 9) is labelled so in the figure's
-    inputs line; one without a report.json is not labelled."""
-    committed = Path(__file__).parents[1] / "benchmarks" / "results" / "validation_h200_run9" / "report.csv"
-    assert validation.read_report(committed)["source"].iloc[0] == "validation_h200_run9/report.csv (random weights, fp8)"
+    """A report whose report.json says random fp8 weights is labelled so in the figure's inputs
+    line; one without a report.json is not labelled."""
+    committed = DATA / "validation-report-random-fp8" / "report.csv"
+    assert validation.read_report(committed)["source"].iloc[0] == "validation-report-random-fp8/report.csv (random weights, fp8)"
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "report.csv").write_text(committed.read_text())
     assert validation.read_report(bare / "report.csv")["source"].iloc[0] == "bare/report.csv"
 
 
-def test_validation_default_is_the_newest_committed_run():
-    """Without -i the study reads the highest-numbered run (run12 after run9, not before it)."""
-    runs = [p.parent.name for p in (Path(__file__).parents[1] / "benchmarks" / "results").glob("validation_h200_run*/report.csv")]
+def test_validation_default_is_the_newest_bundled_run(tmp_path):
+    """Without -i the study reads the newest bundled report: the highest-numbered run (run12 after
+    run9, not before it)."""
+    report = (DATA / "validation-report-random-fp8" / "report.csv").read_text()
+    for run in ("validation_run9", "validation_run12", "validation"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "report.csv").write_text(report)
+    runs = [p.parent.name for p in tmp_path.glob("validation_run*/report.csv")]
     newest = max(runs, key=lambda r: int(r.rsplit("run", 1)[1]))
     assert newest != max(runs)  # string order would pick another run
-    assert validation.load([])["source"].iloc[0].startswith(f"{newest}/report.csv")
+    assert validation.newest_report(tmp_path) == tmp_path / newest / "report.csv"
+    bundled = validation.newest_report(BUNDLED)
+    assert bundled is not None and bundled.is_relative_to(BUNDLED)
+    assert validation.load([])["source"].iloc[0].startswith(f"{bundled.parent.name}/report.csv")
 
 
 def test_validation_from_runlog(tmp_path):
@@ -209,9 +217,9 @@ def test_timeline_cpu_run_without_profile_is_user_error(tmp_path):
 
 
 def test_kernels_from_committed_results(tmp_path):
-    kern = sorted(f for f in RESULTS.glob("kernels_2*.json"))[-1]  # the newest grid (not a kernels_fit_ sweep)
+    kern = BUNDLED / "kernel-latency" / "kernels_h200.json"  # the bundled grid
     assert kernels_study.load_results([])[2][0] == kern.name  # the default input picks it too
-    step = RESULTS / "bench_step-H200-triton.csv"
+    step = DATA / "step-h200-triton" / "bench_step-H200-triton.csv"
     out = run_study("kernels", [kern, step], tmp_path)
     check_written(out, "kernels", [("kv length (cached tokens)", "tree attention latency (µs)"),
                                    ("tokens per forward", "decoder forward latency (ms)")])
@@ -224,9 +232,9 @@ def test_kernels_step_panel_from_bench_step_kernels(tmp_path):
     """A bench_step_kernels result (the default step input since it exists): its step rows, one
     per (model, fusion, tokens) as the median over rounds, fp8 rows with their own (lower) floor;
     the title says what +fp8 means."""
-    src = RESULTS / "bench_step_kernels-2026-12-03h.csv"
+    src = DATA / "step-kernels-fp8" / "bench_step_kernels-fp8.csv"
     raw = pd.read_csv(src)
-    assert kernels_study.load_results([])[2][-1] == sorted(RESULTS.glob("bench_step_kernels-*.csv"))[-1].name
+    assert kernels_study.load_results([])[2][-1] == "bench_step_kernels-h200.csv"  # the bundled step result
     _, s, _ = kernels_study.load_results([src])
     assert not s.duplicated(["model", "attention", "tokens", "kv_len"]).any()
     one = raw[(raw.kind == "step") & (raw.model == "Llama-3-8B") & (raw.fusion == "triton+gemv") & (raw.tokens == 1)]
@@ -245,12 +253,14 @@ def test_kernels_ws_panel_and_paired_steps(tmp_path):
     """The Gluon-vs-Triton panel (bench_attention_ws results: its rows never reach the kv panels,
     whose floors are another GPU's), each attention panel naming its GPU, and the step panel from a
     --paired run (its `paired` rows are each fusion's own medians)."""
-    ws = RESULTS / "attention_ws_2026-12-06.json"
-    grid = sorted(f for f in RESULTS.glob("kernels_2*.json"))[-1]
-    paired = RESULTS / "bench_step_kernels-2026-12-06j.csv"
-    found = kernels_study._ws_files(RESULTS)
-    assert ws in found and not [f for f in found if "_sweep" in f.name or "_bn128" in f.name]
-    assert found[-1].name in kernels_study.load_results([])[2]  # the default inputs take the newest one
+    ws = DATA / "attention-ws-h100" / "attention_ws_h100.json"
+    grid = BUNDLED / "kernel-latency" / "kernels_h200.json"
+    paired = DATA / "step-kernels-paired-h100" / "bench_step_kernels-paired.csv"
+    for stem in ("attention_ws_1", "attention_ws_1b", "attention_ws_1_sweep", "attention_ws_1_bn128"):
+        (tmp_path / f"{stem}.json").write_text(ws.read_text())  # bench_attention_ws.py names, dates aside
+    found = kernels_study._ws_files(tmp_path)
+    assert [f.stem for f in found] == ["attention_ws_1", "attention_ws_1b"]  # in order, no tile sweeps
+    assert "attention_ws_h100.json" in kernels_study.load_results([])[2]  # the default inputs take the bundled one
     k, s, _ = kernels_study.load_results([grid, ws, paired])
     mine = k[k["impl"].str.startswith("ws:")]
     assert set(mine["impl"]) == {"ws:triton", "ws:ws"} and set(mine["gpu"]) == {"H100 80GB HBM3"}
@@ -266,7 +276,7 @@ def test_kernels_ws_panel_and_paired_steps(tmp_path):
     assert len(bars) == 2 * mine[["kv", "queries", "heads"]].drop_duplicates().shape[0]
     goal = mine[(mine.kv == 16384) & (mine.queries == 64) & (mine.heads == "32/8")].set_index("impl")["us"]
     assert goal["ws:ws"] < goal["ws:triton"] and goal["ws:ws"] in bars
-    _, s70, _ = kernels_study.load_results([RESULTS / "bench_step_kernels-2026-12-06n.csv"])
+    _, s70, _ = kernels_study.load_results([DATA / "step-kernels-70b-tp8" / "bench_step_kernels-70b-tp8.csv"])
     assert set(s70["model"]) == {"Llama-3-70B TP 8"}  # a shard says so
 
 

@@ -212,11 +212,14 @@ def test_runner_tree_growth_graph_falls_back_off_cuda(make_checkpoint):
     """tree growth "graph" needs CUDA graphs: on CPU it resolves to torch, and the runner's
     top-k equals `top_logprobs_host` on the same logits."""
     from swiftspec.runtime.decoder import ModelRunner
-    from swiftspec.runtime.tree import resolve_tree_growth, top_logprobs_host
+    from swiftspec.runtime.kernel_config import KernelConfig
+    from swiftspec.runtime.tree import top_logprobs_host
     from swiftspec.runtime.weights import load_model
 
-    assert resolve_tree_growth("cpu", "graph") == "torch" and resolve_tree_growth("cuda", "graph") == "graph"
-    runner = ModelRunner(load_model(make_checkpoint("llama")), 32, tree_growth="graph")
+    graph = KernelConfig.resolve("cuda", tree_growth="graph").tree_growth
+    assert KernelConfig.resolve("cpu", tree_growth="graph").tree_growth == "torch" and graph == "graph"
+    kernels = KernelConfig.resolve("cpu", tree_growth="graph")
+    runner = ModelRunner(load_model(make_checkpoint("llama"), kernels=kernels), 32)
     assert runner.tree_growth == "torch"
     runner.prefill([1, 2, 3])
     logits = runner.forward_tree([4, 5], [0, 1], [0, 1], torch.tensor([[True, False], [True, True]]))

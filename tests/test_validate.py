@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ from swiftspec.spec import Mode, ModelSpec, Profile, UserError
 from swiftspec.validate import (
     HOST_CAL,
     REPORT_COLUMNS,
+    SweepOptions,
     _fit_line,
     calibrate_host,
     format_report,
@@ -59,8 +61,8 @@ def _pair(make_checkpoint, tmp_path):
 
 def test_validate_report_schema(make_checkpoint, tmp_path):
     target, draft, prof = _pair(make_checkpoint, tmp_path)
-    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
-                   configs=4, prompts=2, max_new_tokens=10, calibrate=False)
+    rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
+                   configs=4, prompts=2, max_new_tokens=10), profile=prof, calibrate=False)
     rows = rep.rows
     assert list(rows.columns) == list(REPORT_COLUMNS)
     assert len(rows) == 4 and rows["mode"].tolist()[:2] == ["autoregressive", "chain"]
@@ -91,13 +93,14 @@ def test_passes_give_the_median_of_each_configuration(make_checkpoint, tmp_path,
     import swiftspec.validate as validate_mod
 
     target, draft, prof = _pair(make_checkpoint, tmp_path)
-    kw = dict(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint", configs=2,
-              prompts=1, max_new_tokens=6, calibrate=False)
-    rep = validate(passes=2, **kw)
+    sweep = SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint", configs=2,
+                         prompts=1, max_new_tokens=6)
+    kw = dict(profile=prof, calibrate=False)
+    rep = validate(replace(sweep, passes=2), **kw)
     assert (rep.rows["passes"] == 2).all() and (rep.rows["measured_spread_pct"] >= 0).all()
     assert rep.meta["passes"] == 2 and "median of 2 passes" in format_report(rep)
     with pytest.raises(UserError, match="--passes"):
-        validate(passes=0, **kw)
+        validate(replace(sweep, passes=0), **kw)
 
     script = iter([100.0, 40.0, 50.0, RuntimeError("boom"), 102.0])  # pass 1: c1, c2; pass 2: c1, c2; pass 3: c1
 
@@ -108,7 +111,7 @@ def test_passes_give_the_median_of_each_configuration(make_checkpoint, tmp_path,
         return {"tokens_per_s": v, "accepted": 1.0, "iteration_ms": 1e3 / v, "forward_ms": 1.0, "host_ms": 0.1}
 
     monkeypatch.setattr(validate_mod, "_measure", fake)
-    rows = validate(passes=3, **kw).rows
+    rows = validate(replace(sweep, passes=3), **kw).rows
     assert rows["measured_tokens_per_s"].iloc[0] == 100.0 and rows["passes"].iloc[0] == 3
     assert rows["measured_spread_pct"].iloc[0] == pytest.approx(52.0)
     assert rows["measured_iteration_ms"].iloc[0] == pytest.approx(10.0)
@@ -136,19 +139,19 @@ def test_profile_measured_with_other_kernels_is_flagged(make_checkpoint, tmp_pat
     """A profile whose meta.json records other kernels than the runtime's defaults (here: Triton
     attention with the in-kernel combine, on a CPU run that uses torch attention) gets a warning
     in the log, the report's meta and its printed table; matching or unrecorded settings do not."""
-    from swiftspec.runtime.weights import kernel_mismatch, kernel_settings
+    from swiftspec.runtime.kernel_config import kernel_mismatch, profile_settings
 
     target = make_checkpoint("llama", num_hidden_layers=2, seed=3)
     draft = make_checkpoint("llama", num_hidden_layers=1, seed=9, weight_std=0.02)
     names = [target.name, draft.name]
     assert kernel_mismatch({"source": "measured"}, "cpu") == []
-    assert kernel_mismatch(kernel_settings("cuda"), "cuda") == []
+    assert kernel_mismatch(profile_settings("cuda"), "cuda") == []
     assert kernel_mismatch({"attention_combine": "kernel", "pdl": "late"}, "cuda") == [
         "attention_combine: profile kernel, runtime separate"]
     prof = _profile(names, tmp_path / "prof", attention="triton", attention_combine="kernel", linear="torch")
     said = []
-    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
-                   configs=1, prompts=1, max_new_tokens=4, calibrate=False, log=said.append)
+    rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
+                   configs=1, prompts=1, max_new_tokens=4), profile=prof, calibrate=False, log=said.append)
     want = ["attention: profile triton, runtime torch", "attention_combine: profile kernel, runtime -"]
     assert rep.meta["profile_kernel_mismatch"] == want
     assert any(line.startswith("warning: the profile's kernels differ") for line in said)
@@ -211,8 +214,8 @@ def test_calibration_subtracts_the_profiled_tree_growth(make_checkpoint):
 
 def test_validate_calibrates_host_per_pair(make_checkpoint, tmp_path):
     target, draft, prof = _pair(make_checkpoint, tmp_path)
-    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
-                   configs=2, prompts=1, max_new_tokens=6, calibrate=True)
+    rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
+                   configs=2, prompts=1, max_new_tokens=6), profile=prof, calibrate=True)
     key = f"{target.name}+{draft.name}"
     fit = rep.meta["host_calibration"][key]
     assert (fit["stand_in"]["target_layers"], fit["stand_in"]["draft_layers"]) == (2, 1)
@@ -223,8 +226,8 @@ def test_validate_calibrates_host_per_pair(make_checkpoint, tmp_path):
 
 def test_repredict_with_the_same_profile_reproduces_the_predictions(make_checkpoint, tmp_path):
     target, draft, prof = _pair(make_checkpoint, tmp_path)
-    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
-                   configs=3, prompts=1, max_new_tokens=6, calibrate=True)
+    rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
+                   configs=3, prompts=1, max_new_tokens=6), profile=prof, calibrate=True)
     rep.write(tmp_path / "run")
     again = repredict(tmp_path / "run", profile=prof)
     cols = ["config", "predicted_tokens_per_s", "predicted_iteration_ms", "predicted_host_ms", "measured_tokens_per_s"]
@@ -241,8 +244,8 @@ def test_repredict_with_the_same_profile_reproduces_the_predictions(make_checkpo
 
 def test_read_sweep_parses_the_printed_log(make_checkpoint, tmp_path):
     target, draft, prof = _pair(make_checkpoint, tmp_path)
-    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
-                   configs=3, prompts=2, max_new_tokens=6, calibrate=True)
+    rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
+                   configs=3, prompts=2, max_new_tokens=6), profile=prof, calibrate=True)
     key, fit = next(iter(rep.meta["host_calibration"].items()))
     log = tmp_path / "validation.log"
     log.write_text(f"host fit {key}: {_fit_line(fit)}\n" + format_report(rep) + "\n")
@@ -300,8 +303,8 @@ def test_fp8_profile_is_validated_on_fp8_models(make_checkpoint, tmp_path):
     target, draft, _ = _pair(make_checkpoint, tmp_path)
     prof = _profile([target.name, draft.name], tmp_path / "fp8prof", weight_format="fp8")
     said = []
-    rep = validate(device="cpu", pairs=[(str(target), str(draft))], profile=prof, weights="checkpoint",
-                   configs=2, prompts=1, max_new_tokens=4, calibrate=False, log=said.append)
+    rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
+                   configs=2, prompts=1, max_new_tokens=4), profile=prof, calibrate=False, log=said.append)
     assert rep.meta["weight_format"] == "fp8"
     assert "fp8 weights" in rep.meta["profile_label"]
     assert not rep.meta.get("profile_kernel_mismatch")

@@ -8,6 +8,14 @@ import json
 import pytest
 import torch
 
+from swiftspec.kernels.tree_attention_ws import GLUON_ERROR
+from swiftspec.runtime.kernel_config import (
+    ATTENTION_WS_MIN_TOKENS,
+    ATTENTION_WS_ROWS,
+    KernelConfig,
+    kernel_mismatch,
+    profile_settings,
+)
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.weights import load_model, load_tokenizer, rank_slices
 from swiftspec.spec import ModelSpec, UserError
@@ -106,7 +114,7 @@ def test_bad_input(tmp_path, make_checkpoint):
     with pytest.raises(UserError, match="weights must be"):
         load_model(make_checkpoint("llama"), weights="zeros")
     with pytest.raises(UserError, match="attention must be"):
-        load_model(make_checkpoint("llama"), attention="flash")
+        load_model(make_checkpoint("llama"), kernels=KernelConfig.resolve("cpu", attention="flash"))
     bad_rope = tmp_path / "rope"
     bad_rope.mkdir()
     cfg = json.loads((make_checkpoint("llama") / "config.json").read_text())
@@ -130,101 +138,101 @@ def test_all_bundled_configs_build_specs():
 
 
 def test_fold_norm_default_follows_the_skinny_linear():
-    """fold_norm "auto" is on only where the folded path runs (CUDA, linear and fusion "triton",
+    """fold_norm by default is on only where the folded path runs (CUDA, linear and fusion "triton",
     native weights) and won (TP 1), and a profile's recorded settings follow its weight format."""
-    from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, resolve_fold_norm
+    def fold(device, **kw):
+        return KernelConfig.resolve(device, capability=(9, 0), **kw).fold_norm
 
-    assert resolve_fold_norm("cuda") is True
-    assert resolve_fold_norm("cpu") is False
-    assert resolve_fold_norm("cuda", linear="torch") is False
-    assert resolve_fold_norm("cuda", fusion="compile") is False
-    assert resolve_fold_norm("cuda", weight_format="fp8") is False
-    assert resolve_fold_norm("cuda", tp_size=2) is False and resolve_fold_norm("cuda", "on", tp_size=8) is True
-    assert resolve_fold_norm("cpu", "on") is True and resolve_fold_norm("cuda", "off") is False
-    with pytest.raises(UserError, match="fold_norm must be one of auto, on, off"):
-        resolve_fold_norm("cuda", "yes")
-    cuda = kernel_settings("cuda")
+    assert fold("cuda") is True
+    assert fold("cpu") is False
+    assert fold("cuda", linear="torch") is False
+    assert fold("cuda", fusion="compile") is False
+    assert fold("cuda", weight_format="fp8") is False
+    assert fold("cuda", tp_size=2) is False and fold("cuda", fold_norm=True, tp_size=8) is True
+    assert fold("cpu", linear="triton", fold_norm=True) is True and fold("cuda", fold_norm=False) is False
+    with pytest.raises(UserError, match="fold_norm needs linear 'triton'"):
+        fold("cpu", fold_norm=True)
+    cuda = profile_settings("cuda")
     assert (cuda["fold_norm"], cuda["linear"], cuda["fusion"]) == ("tp1", "triton", "triton")
-    assert kernel_settings("cuda", "fp8")["fold_norm"] == "off" and kernel_settings("cpu")["fold_norm"] == "off"
-    assert kernel_mismatch(kernel_settings("cuda", "fp8"), "cuda") == ["weight_format: profile fp8, runtime native"]
+    assert profile_settings("cuda", "fp8")["fold_norm"] == "off" and profile_settings("cpu")["fold_norm"] == "off"
+    assert kernel_mismatch(profile_settings("cuda", "fp8"), "cuda") == ["weight_format: profile fp8, runtime native"]
     assert kernel_mismatch({**cuda, "fold_norm": "off"}, "cuda") == ["fold_norm: profile off, runtime tp1"]
 
 
 def test_swiglu_default_follows_the_skinny_linear(make_checkpoint):
-    """swiglu "auto" is on where the gate/up skinny linear runs (CUDA, linear and fusion "triton")
-    with native or fp8 weights, at any TP; "on" needs linear "triton"; profiles record it, and a profile
-    of before it (swiglu off) is flagged."""
-    from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, load_model, resolve_swiglu
+    """swiglu by default is on where the gate/up skinny linear runs (CUDA, linear and fusion
+    "triton") with native or fp8 weights, at any TP; on needs linear "triton"; profiles record it,
+    and a profile of before it (swiglu off) is flagged."""
+    def swiglu(device, **kw):
+        return KernelConfig.resolve(device, **kw).swiglu
 
-    assert resolve_swiglu("cuda") is True and resolve_swiglu("cpu") is False
-    assert resolve_swiglu("cuda", linear="torch") is False and resolve_swiglu("cuda", fusion="off") is False
-    assert resolve_swiglu("cuda", weight_format="fp8") is True
-    assert resolve_swiglu("cpu", "on") is True and resolve_swiglu("cuda", "off") is False
-    with pytest.raises(UserError, match="swiglu must be one of auto, on, off"):
-        resolve_swiglu("cuda", "yes")
+    assert swiglu("cuda") is True and swiglu("cpu") is False
+    assert swiglu("cuda", linear="torch") is False and swiglu("cuda", fusion="off") is False
+    assert swiglu("cuda", weight_format="fp8") is True
+    assert swiglu("cpu", linear="triton", swiglu=True) is True and swiglu("cuda", swiglu=False) is False
     with pytest.raises(UserError, match="swiglu needs linear 'triton'"):
-        resolve_swiglu("cpu", "on", linear="torch")
-    cuda = kernel_settings("cuda")
-    assert cuda["swiglu"] == "on" and kernel_settings("cuda", "fp8")["swiglu"] == "on"
-    assert kernel_settings("cpu")["swiglu"] == "off"
+        swiglu("cpu", swiglu=True, linear="torch")
+    cuda = profile_settings("cuda")
+    assert cuda["swiglu"] == "on" and profile_settings("cuda", "fp8")["swiglu"] == "on"
+    assert profile_settings("cpu")["swiglu"] == "off"
     assert kernel_mismatch({**cuda, "swiglu": "off"}, "cuda") == ["swiglu: profile off, runtime on"]
     path = make_checkpoint("llama")
-    assert load_model(path, linear="triton", fusion="triton", swiglu="on").swiglu
-    assert not load_model(path, linear="triton", fusion="triton").swiglu  # auto: off on the CPU
+    on = KernelConfig.resolve("cpu", linear="triton", fusion="triton", swiglu=True)
+    assert load_model(path, kernels=on).kernels.swiglu
+    auto = KernelConfig.resolve("cpu", linear="triton", fusion="triton")
+    assert not load_model(path, kernels=auto).kernels.swiglu  # by default off on the CPU
 
 
 def test_rope_default_follows_the_skinny_linear(make_checkpoint):
-    """rope "auto" is on where the qkv skinny linear runs (CUDA, linear and fusion "triton") with
-    native or fp8 weights, at any TP; "on" needs linear "triton" and reaches the model; profiles record the
-    setting, and a profile of before it (rope off) is flagged."""
-    from swiftspec.runtime.weights import kernel_mismatch, kernel_settings, load_model, resolve_rope
+    """rope by default is on where the qkv skinny linear runs (CUDA, linear and fusion "triton")
+    with native or fp8 weights, at any TP; on needs linear "triton" and reaches the model; profiles
+    record the setting, and a profile of before it (rope off) is flagged."""
+    def rope(device, **kw):
+        return KernelConfig.resolve(device, **kw).rope
 
-    assert resolve_rope("cuda") is True and resolve_rope("cpu") is False and resolve_rope("cuda", "on") is True
-    assert resolve_rope("cuda", linear="torch") is False and resolve_rope("cuda", fusion="off") is False
-    assert resolve_rope("cuda", weight_format="fp8") is True and resolve_rope("cuda", "off") is False
-    with pytest.raises(UserError, match="rope must be one of auto, on, off"):
-        resolve_rope("cuda", "yes")
+    assert rope("cuda") is True and rope("cpu") is False and rope("cuda", rope=True) is True
+    assert rope("cuda", linear="torch") is False and rope("cuda", fusion="off") is False
+    assert rope("cuda", weight_format="fp8") is True and rope("cuda", rope=False) is False
     with pytest.raises(UserError, match="rope needs linear 'triton'"):
-        load_model(make_checkpoint("llama"), linear="torch", rope="on")
-    assert kernel_settings("cuda")["rope"] == "on" and kernel_settings("cpu")["rope"] == "off"
-    assert kernel_settings("cuda", "fp8")["rope"] == "on"
-    assert kernel_mismatch({**kernel_settings("cuda"), "rope": "off"}, "cuda") == ["rope: profile off, runtime on"]
-    model = load_model(make_checkpoint("llama"), linear="triton", fusion="triton", rope="on")
-    assert model.rope and not model.swiglu
-    assert not load_model(make_checkpoint("llama"), linear="triton", fusion="triton").rope  # auto: off on the CPU
+        load_model(make_checkpoint("llama"), kernels=KernelConfig(linear="torch", rope=True))
+    assert profile_settings("cuda")["rope"] == "on" and profile_settings("cpu")["rope"] == "off"
+    assert profile_settings("cuda", "fp8")["rope"] == "on"
+    assert kernel_mismatch({**profile_settings("cuda"), "rope": "off"}, "cuda") == ["rope: profile off, runtime on"]
+    on = KernelConfig.resolve("cpu", linear="triton", fusion="triton", rope=True)
+    model = load_model(make_checkpoint("llama"), kernels=on)
+    assert model.kernels.rope and not model.kernels.swiglu
+    auto = KernelConfig.resolve("cpu", linear="triton", fusion="triton")
+    assert not load_model(make_checkpoint("llama"), kernels=auto).kernels.rope  # by default off on the CPU
 
 
 def test_attention_ws_setting(make_checkpoint):
-    """attention_ws: "auto" is on for native weights on CUDA (sm_90; with no GPU to ask, the bundled
-    profile's H200) with attention "triton", off otherwise; "on" means from ATTENTION_WS_ROWS rows per
-    KV head and needs CUDA with attention "triton"; profiles record it, and one measured with it off
-    is flagged against the runtime."""
-    from swiftspec.runtime.weights import (
-        ATTENTION_WS_ROWS,
-        kernel_mismatch,
-        kernel_settings,
-        load_model,
-        resolve_attention_ws,
-    )
-
+    """attention_ws: by default on for native weights on CUDA (sm_90; with no GPU to ask, the bundled
+    profile's H200) with attention "triton", off otherwise; on means from ATTENTION_WS_ROWS rows per
+    KV head and needs attention "triton" (and, to run, a GPU with Gluon); profiles record it, and one
+    measured with it off is flagged against the runtime."""
     gpu_is_sm90 = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
-    assert resolve_attention_ws("cuda") == (ATTENTION_WS_ROWS if gpu_is_sm90 else 0) and ATTENTION_WS_ROWS == 128
-    assert resolve_attention_ws("cuda", "off") == 0 and resolve_attention_ws("cpu") == 0
-    assert resolve_attention_ws("cuda", weight_format="fp8") == 0 and resolve_attention_ws("cuda", attention="torch") == 0
-    assert resolve_attention_ws("cuda", "on") == ATTENTION_WS_ROWS
-    with pytest.raises(UserError, match="attention_ws must be one of auto, on, off"):
-        resolve_attention_ws("cuda", "128")
-    with pytest.raises(UserError, match="attention_ws 'on' needs a CUDA GPU and attention 'triton'"):
-        resolve_attention_ws("cpu", "on")
+
+    def ws(device, **kw):
+        return KernelConfig.resolve(device, **kw).attention_ws_rows
+
+    assert ws("cuda") == (ATTENTION_WS_ROWS if gpu_is_sm90 else 0) and ATTENTION_WS_ROWS == 128
+    assert KernelConfig.resolve("cuda", capability=(9, 0)).attention_ws_min_tokens == ATTENTION_WS_MIN_TOKENS == 32
+    assert ws("cuda", attention_ws_rows=0) == 0 and ws("cpu") == 0
+    assert ws("cuda", weight_format="fp8") == 0 and ws("cuda", attention="torch") == 0
+    assert ws("cuda", capability=(8, 0)) == 0 and ws("cuda", capability=(10, 0)) == 0
     with pytest.raises(UserError, match="attention 'triton'"):
-        resolve_attention_ws("cuda", "on", attention="torch")
-    cuda = kernel_settings("cuda")
+        ws("cuda", attention="torch", attention_ws_rows=ATTENTION_WS_ROWS)
+    cuda = profile_settings("cuda")
     assert cuda["attention_ws"] == ("on" if gpu_is_sm90 else "off")
-    assert kernel_settings("cpu")["attention_ws"] == "off" and kernel_settings("cuda", "fp8")["attention_ws"] == "off"
+    assert profile_settings("cpu")["attention_ws"] == "off" and profile_settings("cuda", "fp8")["attention_ws"] == "off"
     flip = "off" if cuda["attention_ws"] == "on" else "on"
     assert kernel_mismatch({**cuda, "attention_ws": flip}, "cuda") == [
         f"attention_ws: profile {flip}, runtime {cuda['attention_ws']}"]
     path = make_checkpoint("llama")
-    assert load_model(path).attn_ws_rows == 0
-    with pytest.raises(UserError, match="needs a CUDA GPU"):
-        load_model(path, attention_ws="on")
+    assert load_model(path).kernels.attention_ws_rows == 0
+    ws_on = KernelConfig(attention="triton", attention_ws_rows=ATTENTION_WS_ROWS)
+    if GLUON_ERROR:
+        with pytest.raises(UserError, match="needs Triton's Gluon"):
+            load_model(path, kernels=ws_on)
+    else:  # kept; on CPU each forward falls back to the Triton kernel (`check_ws`)
+        assert load_model(path, kernels=ws_on).kernels.attention_ws_rows == ATTENTION_WS_ROWS

@@ -1,1 +1,2 @@
-"""Triton kernels; each has a pure-torch reference, a parameterised test and a microbenchmark."""
+"""Triton kernels of the decode step; their pure-torch references are in `reference` (shared with the
+model's eager path). Kernels import nothing of `swiftspec.runtime`."""

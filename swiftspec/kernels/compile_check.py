@@ -6,7 +6,7 @@ before any device time is spent on it. The JIT specializes integer arguments div
 16-byte-aligned pointers (`tt.divisibility`), and that specialization is what lets the pipeliner
 turn the K/V loads into asynchronous copies with multi-buffered shared memory; so the check
 declares it for the pointers, strides and max_len, as a real launch at D 128 gets it. With it the
-shared-memory numbers equal those the lent H200 (Triton 3.6) reported when it refused two tiles
+shared-memory numbers equal those an H200 launch (Triton 3.6) reports for a tile it refuses
 (BLOCK_M 64 x BLOCK_N 128 x 3 stages at D 128: 278528 bytes; BLOCK_M 128 x BLOCK_N 128 x 3 stages at
 D 64: 245760 bytes). Without it they are 2.4x lower and meaningless.
 
@@ -29,8 +29,13 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import mangle_type
 
+from swiftspec.kernels import tree_attention_ws as ws
 from swiftspec.kernels.gemv import DotConfig, _skinny_dot_kernel
 from swiftspec.kernels.tree_attention import TreeAttentionConfig, _tree_attn_kernel
 
@@ -109,15 +114,9 @@ def ws_attention_reports(items: Sequence[tuple[int, int, int, int, bool, bool]],
 
 def _ws_report(block_n: int, stages: int, head_dim: int, group: int, q_smem: bool, pdl: bool,
                capability: int) -> WsCompileReport:
-    import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
-    from swiftspec.kernels import tree_attention_ws as ws
-
     if ws.GLUON_ERROR:
         raise RuntimeError(f"no Gluon here: {ws.GLUON_ERROR}")
+    from triton.experimental.gluon._runtime import GluonASTSource  # experimental: absent without Gluon
     cache = torch.zeros(8 * 1024, head_dim, dtype=torch.bfloat16)  # only its shape, strides and dtype matter
     layout = ws.gl.NVMMASharedLayout.get_default_for([block_n, head_dim], ws.gl.bfloat16)
     desc = mangle_type(ws.TensorDescriptor.from_tensor(cache, [block_n, head_dim], layout))
@@ -185,9 +184,6 @@ def _report(cfg: TreeAttentionConfig, head_dim: int, group: int, dtype: str, cap
 
 def _compiled_report(fn, signature: dict, constexprs: dict, attrs: dict, num_warps: int, num_stages: int,
                      capability: int) -> CompileReport:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     kernel = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
         target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps, "num_stages": num_stages},

@@ -1,23 +1,20 @@
 """Skinny linear layer y = x @ w.T (+ b) for a few token rows (the model: M <= 16), in one Triton launch.
 
-Why: on the H200 the decode step's GEMMs alone (cuBLAS, one CUDA graph) take 1.14-1.16x the
-weight-bytes floor at 1 token (`benchmarks/results/bench_step_kernels-2026-12-02*`). A batch-1
-linear is a pure weight stream: every weight is read once, the x rows are tiny and stay in L1/L2.
+Why: a batch-1 linear is a pure weight stream (every weight is read once, the x rows are tiny
+and stay in L1/L2), and cuBLAS leaves a margin above the weight-bytes floor there (docs/decisions.md).
 
 Two kinds, both one program per BLOCK_N weight rows (output columns) with all M token rows and a
 loop over K:
 
 * "dot" (the default): y.T = w @ x.T with `tl.dot` -- the weight rows on the MMA's M side, the
   token rows padded to 16 on its N side -- so the loop is a software-pipelined weight stream and
-  tensor cores do the arithmetic. Measured at or below cuBLAS on every Llama-3-8B linear at 1-16
-  rows (LM head at 1 row: 238.6 vs 284.4 us, 0.96x the copy floor; `bench_gemv-2026-12-02.*`).
+  tensor cores do the arithmetic; at or below cuBLAS on every Llama-3-8B linear at 1-16 rows.
 * "fma": float32 broadcast multiply + sum over (BLOCK_M, BLOCK_N, BLOCK_K) tiles of 8192 products,
-  no tensor cores. Competitive at 1 row only; its K step shrinks as M grows (4-30x cuBLAS's time at
-  4-16 rows, `bench_gemv-2026-12-02a.*`). Kept as the simplest correct reference design.
+  no tensor cores. Competitive at 1 row only (its K step shrinks as M grows); kept as the simplest
+  correct reference design.
 
-The model uses it through `Transformer.set_linear("triton")` (forwards of <= MAX_ROWS tokens);
-`load_model` keeps `F.linear` by default until the skinny linear is never slower in the step
-(benchmarks/KERNELS.md, "Skinny linear").
+The model runs it with `KernelConfig.linear` "triton" (the CUDA default) for forwards of at most
+`linear_max_rows` (default MAX_ROWS) tokens.
 """
 
 from __future__ import annotations
@@ -31,16 +28,14 @@ import triton
 import triton.language as tl
 
 from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
+from swiftspec.kernels.rope_kv import _check as check_rope  # the shapes `rope_kv` takes
 
 SHARED_BYTES = 220 * 1024  # pipeline buffers' budget: Hopper has 227 KB of shared memory per block
-MAX_ROWS = 16  # the model's default: more token rows go to F.linear (measured at 1-16 rows only)
+MAX_ROWS = 16  # the model's default: more token rows go to F.linear (its measured range)
 MAX_ROWS_DOT = 256  # the dot kind's limit, any weight dtype (token rows fill the MMA's N side)
 MAX_ROWS_FP8 = MAX_ROWS_DOT  # fp8 weights: every forward (cuBLAS has no bf16 x fp8 GEMM), up to a prefill chunk
 # native weights at <= 16 rows: (most column blocks, least K, split_k), first match wins. Too few column
-# blocks leave most of the 132 SMs idle, so K is split (measured, bench_gemv-2026-12-04{,a}: Llama-3-70B
-# TP-8 qkv, 20 blocks x K 8192, 0.60-0.62x the unsplit time in 4; Llama-3.2-1B down, 32 x 8192,
-# 0.77-0.80x in 4; Llama-3-70B TP-4 qkv, 40 x 8192, 0.87-0.92x in 2 and 1.03-1.04x in 4; 48 blocks or
-# K 2048: no gain)
+# blocks leave most of the 132 SMs idle, so a long K is split (docs/decisions.md)
 SPLIT_RULES = ((32, 4096, 4), (40, 8192, 2))
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -297,12 +292,12 @@ def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr
 
     fp8 weights are widened in registers (the bytes saved are in the load). F16: both operands in
     float16, because e4m3 -> float16 is one instruction per two weights on Hopper and e4m3 ->
-    bfloat16 is not (benchmarks/sweep_fp8_widen.py, 2026-12-03: the fp8 GEMVs 14-22 % faster than
-    widening to bfloat16). Every e4m3 value and every bfloat16 x in +-65504 is exact in float16
-    (bfloat16 x below 2^-14 loses low bits); x beyond that range saturates instead of becoming inf."""
+    bfloat16 is not (`benchmarks/sweep_fp8_widen.py`; docs/decisions.md). Every e4m3 value and
+    every bfloat16 x in +-65504 is exact in float16 (bfloat16 x below 2^-14 loses low bits); x
+    beyond that range saturates instead of becoming inf."""
     if F16:
         w = w.to(tl.float16)
-        if not X_F16:  # x converted before the launch (`gemv(x_f16=True)`)
+        if not X_F16:  # x converted before the launch (`GemvLaunch.x_f16`)
             xt = tl.clamp(xt.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     else:
         w = w.to(xt.dtype)
@@ -334,28 +329,62 @@ class DotConfig:
     split_k: int
 
 
+@dataclass(frozen=True)
+class GemvLaunch:
+    """Overrides of `gemv`'s launch shape (None: the measured defaults of `dot_config` /
+    `gemv_config`; benchmarks, tests). split_k > 1 (kind "dot") splits K over that many programs per
+    column block. x_f16 (fp8 weights, bf16/fp16 x): convert x to float16 once before the launch
+    instead of in every program at every K step: the same result bit for bit, meant for many rows,
+    where the x tile outgrows the weight tile (not measured, so off by default)."""
+
+    block_n: int | None = None
+    block_k: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    split_k: int | None = None
+    x_f16: bool = False
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What `gemv` does around the product besides the bias (kind "dot"; each saves a launch).
+
+    rms_eps: the input is RMSNorm(h) with h = x + residual (x alone without one) and the norm's
+    weight folded into the GEMM weight (`fold_norm_weight`); residual_out (M, K) receives h (needed
+    with a residual). act "swiglu": the weight is a fused gate|up (2F, K), the result
+    silu(gate) * up (M, F). rope: the weight is a fused qkv projection, the result the rotated q
+    (M, Hq, D), k and v written into the cache (`RopeKV`)."""
+
+    rms_eps: float | None = None
+    residual: torch.Tensor | None = None
+    residual_out: torch.Tensor | None = None
+    act: str | None = None
+    rope: RopeKV | None = None
+
+
 def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool = False, pdl: bool | str = False,
-               residual: bool = False, norm: bool = False, block_n: int | None = None, block_k: int | None = None,
-               num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None) -> DotConfig:
+               residual: bool = False, norm: bool = False, launch: GemvLaunch | None = None) -> DotConfig:
     """The dot kind's launch shape for x (m, k) @ w (n, k).T, w_bytes / x_bytes per element (residual:
-    a second x-sized tile per K step, `gemv(rms_eps=, residual=)`; norm: `rms_eps` given, which
-    splits K by the same rule: the split-sum launch applies the scale); None arguments take the
-    measured defaults below (`gemv` passes its overrides through)."""
+    a second x-sized tile per K step, `Epilogue.residual`; norm: `Epilogue.rms_eps` given, which
+    splits K by the same rule: the split-sum launch applies the scale); `launch`'s fields override
+    the measured defaults below."""
+    lc = launch or GemvLaunch()
+    block_n, block_k, num_warps, num_stages = lc.block_n, lc.block_k, lc.num_warps, lc.num_stages
+    split_k = lc.split_k
     bm = max(16, triton.next_power_of_2(m))
     if fp8:
-        # measured best on the H200 (bench_gemv-2026-12-03b, Llama-3-8B shapes, 1-256 rows): 1-16
-        # rows and N <= 8192 (qkv, o, down): 64 weight rows per program, 4 warps, 4 stages; else
-        # 128, 8 warps, 3 stages; K in 128-wide steps, split in 4 where N <= 8192 (too few
-        # column blocks to fill the GPU)
+        # the H200's best at 1-256 rows (docs/decisions.md): at 1-16 rows and N <= 8192 (qkv, o,
+        # down) 64 weight rows per program, 4 warps, 4 stages, else 128, 8 warps, 3 stages; K in
+        # 128-wide steps, split in 4 where N <= 8192 (too few column blocks to fill the GPU)
         wide = n > 8192
         small = bm <= 16 and not wide
         bn, bk = block_n or (64 if small else 128), block_k or 128
         num_warps, split_k = num_warps or (4 if small else 8), split_k or (1 if wide else 4)
         num_stages = num_stages or (4 if small else 3)
     else:
-        # measured best on the H200 (bench_gemv-2026-12-02: 1-16 rows, Llama-3-8B shapes): 64 weight
-        # rows per program, 256-wide K steps for the N = 4096 outputs (o, down: fewer programs, so
-        # each keeps more bytes in flight), 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
+        # the H200's best at 1-16 rows (docs/decisions.md): 64 weight rows per program, 256-wide K
+        # steps for N <= 4096 outputs (o, down: fewer programs, so each keeps more bytes in flight),
+        # 128 otherwise, 5 pipeline stages or as many as fit SHARED_BYTES
         bn, bk = block_n or 64, block_k or (256 if n <= 4096 and bm <= 16 else 128 if bm <= 64 else 64)
         if not split_k:
             split_k = 1 if bm > 16 else native_split(triton.cdiv(n, bn), k)
@@ -375,7 +404,7 @@ def native_split(blocks: int, k: int) -> int:
 
 @dataclass(frozen=True)
 class RopeKV:
-    """What `gemv(rope=...)` needs to finish a fused qkv projection in its epilogue, as `rope_kv`
+    """What `Epilogue.rope` needs to finish a fused qkv projection in its epilogue, as `rope_kv`
     takes it: cos, sin (T, D) rows in x's dtype; slots (T,) int32/int64 cache slots on the device;
     k_cache, v_cache (Hkv, S, D) of one layer, written in place; this shard's q_heads, kv_heads."""
     cos: torch.Tensor
@@ -387,6 +416,9 @@ class RopeKV:
     kv_heads: int
 
 
+_NO_EPILOGUE, _DEFAULT_LAUNCH = Epilogue(), GemvLaunch()
+
+
 def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) for m token rows: 8192 products per K step unless overridden."""
     bm = triton.next_power_of_2(max(1, m))
@@ -396,60 +428,60 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-         scale: torch.Tensor | None = None, block_n: int | None = None, block_k: int | None = None,
-         num_warps: int | None = None, num_stages: int | None = None, split_k: int | None = None,
-         x_f16: bool = False, kind: str = "dot", pdl: bool | str = False, rms_eps: float | None = None,
-         residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
-         act: str | None = None, rope: RopeKV | None = None) -> torch.Tensor:
+         scale: torch.Tensor | None = None, kind: str = "dot", pdl: bool | str = False,
+         epilogue: Epilogue | None = None, launch: GemvLaunch | None = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
 
     M <= 256 (MAX_ROWS_DOT) with kind "dot", M <= 16 (MAX_ROWS) with "fma"; the model uses it up to
-    16 rows by default (`Transformer.set_linear(..., max_rows=)`). x and weight need a contiguous
-    last dim. Grid ceil(N / BLOCK_N) x split_k; no host sync, so it can be captured in a CUDA graph. num_stages: Triton's software pipelining
-    depth of the K loop; num_warps, num_stages, block sizes and split_k default to the measured
-    configs below (None).
+    16 rows by default (`KernelConfig.linear_max_rows`). x and weight need a contiguous last dim.
+    Grid ceil(N / BLOCK_N) x split_k; no host sync, so it can be captured in a CUDA graph.
+    launch: block sizes, num_warps, num_stages (Triton's software pipelining depth of the K loop),
+    split_k and x_f16 (`GemvLaunch`; None: the measured configs of `dot_config` / `gemv_config`).
+    epilogue: the fused norm, residual, activation and RoPE described below (`Epilogue`).
 
     fp8 weights (float8_e4m3fn, from `quantize_fp8`) need `scale` (N,) float32, the per-row scale:
     y = x @ (weight * scale[:, None]).T + bias, half the bytes of bf16 weights; kind "dot" only
     (the token rows fill the MMA's N side, padded to a power of two >= 16).
-    With bfloat16/float16 x the products run in float16 (see `_dot`); x_f16 converts x to float16
-    once before the launch (three small ops) instead of in every program at every K step: the same
-    result bit for bit, meant for many rows, where the x tile outgrows the weight tile (not yet
-    measured, so off by default).
+    With bfloat16/float16 x the products run in float16 (see `_dot`); launch.x_f16 converts x to
+    float16 once before the launch (three small ops) instead of in every program at every K step.
 
     kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; float32 inputs use IEEE
-    products, not TF32). split_k > 1 splits K over that many programs per column block, each
+    products, not TF32). launch.split_k > 1 splits K over that many programs per column block, each
     writing a float32 partial (split_k * M * N * 4 bytes), summed in order by a second launch
     (`_split_sum_kernel`); fp8 weights use it (4) where N <= 8192, too few column blocks to fill
     the GPU, native weights at <= 16 rows with too few column blocks for a long K (`SPLIT_RULES`:
-    TP-shard qkv GEMMs, the 1B's down), with rms_eps too. kind "fma": broadcast multiply + sum
+    TP-shard qkv GEMMs, the 1B's down), with an RMSNorm epilogue too. kind "fma": broadcast multiply + sum
     in float32 (no tensor cores; block_n 16 and 8192 products per K step). pdl: launch as a
     programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs): True / "early" (the dot
     kind then loads its first weight tile before waiting for the previous kernel) or "late" (the
     next kernel may launch once the K loop is done).
 
-    rms_eps: the input is RMSNorm(h) with h = x + residual (x alone without one) and the norm's
-    weight folded into `weight` (W · diag(g): `fold_norm_weight`), so the add + norm before a GEMM
+    epilogue.rms_eps: the input is RMSNorm(h) with h = x + residual (x alone without one) and the
+    norm's weight folded into `weight` (W · diag(g): `fold_norm_weight`), so the add + norm before a GEMM
     costs no launch of its own: y = (weight @ h.T).T / rms(h) (+ bias). x and residual feed two dots
     straight from shared memory and h's squares are summed on the side, so the K loop stays a
-    pipelined weight stream. residual_out (M, K) receives h (needed with a residual). Equals
+    pipelined weight stream. epilogue.residual_out (M, K) receives h (needed with a residual). Equals
     gemv(add_rmsnorm(x, residual, g, rms_eps)[0], W) up to rounding order: float32 ~1e-7; bf16
     within the two-launch path's own error of the exact result. Kind "dot", weights in x's dtype.
     With split K each split sums its slice's squares beside its partial (split_k * M floats) and the
     split-sum launch scales the total by 1 / rms(h) and adds the bias.
 
-    act="swiglu" (kind "dot", no bias): weight is a SwiGLU MLP's fused gate|up (2F, K) and the
+    epilogue.act "swiglu" (kind "dot", no bias): weight is a SwiGLU MLP's fused gate|up (2F, K) and the
     result is silu(x @ gate.T) * (x @ up.T), (M, F): the activation in the GEMV's epilogue (or in
     the split-K sum) instead of a launch of its own, equal bit for bit to
     `silu_mul(gemv(x, weight, ...))` with the same other arguments.
 
-    rope (kind "dot", no act): weight is a fused qkv projection ((Hq + 2 Hkv) * D, K) and the
+    epilogue.rope (kind "dot", no act): weight is a fused qkv projection ((Hq + 2 Hkv) * D, K) and the
     epilogue (or the split-K sum) does `rope_kv`'s work: it returns the rotated q (M, Hq, D) and
     writes the rotated k and the v into rope.k_cache / rope.v_cache at rope.slots, equal bit for bit
     to `rope_kv(gemv(x, weight, bias, ...), ...)`: one launch fewer per layer.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
+    epi, lc = epilogue or _NO_EPILOGUE, launch or _DEFAULT_LAUNCH
+    rms_eps, residual, residual_out = epi.rms_eps, epi.residual, epi.residual_out
+    act, rope = epi.act, epi.rope
+    split_k, x_f16 = lc.split_k, lc.x_f16
     m, k = x.shape
     n = weight.shape[0]
     fp8 = weight.dtype == FP8
@@ -485,8 +517,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if rope is not None:
         if swiglu or kind != "dot":
             raise ValueError("rope needs kind 'dot' and no act")
-        from swiftspec.kernels.rope_kv import _check as check_rope  # the shapes `rope_kv` takes
-
         half = check_rope(torch.empty((m, n), dtype=x.dtype, device="meta"), r.cos, r.sin, r.slots, r.k_cache,
                           r.v_cache, r.q_heads, r.kv_heads) // 2
         if r.cos.stride(0) != r.sin.stride(0):  # the epilogue steps through both with one row stride
@@ -500,8 +530,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return y
     if kind == "dot":
         cfg = dot_config(m, n, k, weight.element_size(), x.element_size(), fp8=fp8, pdl=pdl,
-                         residual=residual is not None, norm=rms, block_n=block_n, block_k=block_k,
-                         num_warps=num_warps, num_stages=num_stages, split_k=split_k)
+                         residual=residual is not None, norm=rms, launch=lc)
         bm, bn, bk, split_k = cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
         upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
         ieee = x.dtype == torch.float32 or upcast
@@ -533,11 +562,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return y
     if kind != "fma":
         raise ValueError(f"kind must be 'fma' or 'dot', got {kind!r}")
-    bm, bn, bk = gemv_config(m, block_n, block_k)
+    bm, bn, bk = gemv_config(m, lc.block_n, lc.block_k)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl), num_warps=num_warps or 4,
-        **({} if num_stages is None else {"num_stages": num_stages}),
+        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
+        num_warps=lc.num_warps or 4,
+        **({} if lc.num_stages is None else {"num_stages": lc.num_stages}),
         **launch_options(pdl),
     )
     return y
@@ -545,7 +575,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 def fold_norm_weight(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """weight (N, K) · diag(norm_weight (K,)), computed in float32 and rounded once to weight's dtype:
-    the GEMM weight that `gemv(rms_eps=...)` takes in place of an RMSNorm's weight before it."""
+    the GEMM weight that `gemv` with `Epilogue.rms_eps` takes in place of an RMSNorm's weight before it."""
     return (weight.float() * norm_weight.float()[None, :]).to(weight.dtype)
 
 

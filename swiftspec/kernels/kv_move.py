@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from swiftspec.kernels.pdl import check_pdl, grid_sync, launch_options, pdl_mode
+from swiftspec.kernels.reference import kv_move_ref  # noqa: F401  (benchmarks import it from here)
 
 _MAX_CHUNK = 256
 
@@ -110,19 +111,3 @@ def kv_move(
         **launch_options(pdl),
     )
 
-
-def kv_move_ref(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    src_slots: torch.Tensor,
-    dst_start: torch.Tensor | int,
-    *,
-    n_valid: torch.Tensor | None = None,
-) -> None:
-    """Pure-torch reference of `kv_move` (gather every source first, then scatter; may host-sync)."""
-    n = src_slots.shape[0] if n_valid is None else min(int(n_valid), src_slots.shape[0])
-    d0 = int(dst_start)
-    idx = src_slots[:n].long()
-    for cache in (k, v):
-        rows = cache.index_select(2, idx)  # a copy: sources are read before any write
-        cache[:, :, d0:d0 + n].copy_(rows)

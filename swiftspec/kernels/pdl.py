@@ -19,7 +19,7 @@ When the dependents may launch is the mode (`pdl=` of every kernel; `pdl_mode`):
   memory) while this kernel still runs; the skinny linear also peels its first weight tile out of
   the pipelined loop to load it before the wait (one pipeline stage fewer).
 * "early-nopeel": each program signals right after its wait, as "early", but the skinny linear
-  peels nothing (all its pipeline stages; measured to tell the two costs of "early" apart).
+  peels nothing (all its pipeline stages): separates the two costs of "early" in A/B runs.
 * "late": each program waits first and signals only after its main loop (the skinny linear's K
   loop, tree attention's key loop; the small kernels at their exit), so the next kernel's launch
   overlaps only this kernel's epilogue and drain, and no loop is peeled.

@@ -6,7 +6,7 @@ square, mean, add eps, rsqrt, multiply, cast back, multiply by the weight): abou
 few KB each, i.e. pure launch latency at batch 1. `add_rmsnorm` does all of it in one program per
 token row.
 
-Numerics reproduce `swiftspec.runtime.model.rms_norm` applied to `residual + x` step for step,
+Numerics reproduce `reference.add_rmsnorm_ref` (the model's `rms_norm` of `residual + x`) step for step,
 including every rounding to the model dtype: the sum is rounded to the dtype (it becomes the new
 residual), the statistics are float32, the normalised row is rounded to the dtype, then multiplied
 by the weight and rounded again. In float32 the only difference is the summation order of the
@@ -70,7 +70,7 @@ def add_rmsnorm(
     Returns:
         normed (T, H) and new_residual (T, H), both in x.dtype; new tensors (x and residual are not
         modified), except that new_residual *is* x when residual is None.
-    Float32 statistics; roundings to x.dtype where `model.rms_norm(residual + x)` rounds.
+    Float32 statistics; roundings to x.dtype where `reference.add_rmsnorm_ref` rounds.
     """
     if x.dim() != 2 or weight.shape != (x.shape[1],):
         raise ValueError(f"x must be (T, H) with weight (H,), got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -104,15 +104,3 @@ def _buffer(buf: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"output buffer must be {tuple(like.shape)} {like.dtype} with a contiguous last dim")
     return buf
 
-
-def add_rmsnorm_ref(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-torch reference of `add_rmsnorm`: exactly the model's eager ops (add, then rms_norm)."""
-    from swiftspec.runtime.model import rms_norm
-
-    new_res = x if residual is None else residual + x
-    return rms_norm(new_res, weight, eps), new_res

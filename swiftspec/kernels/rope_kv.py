@@ -1,7 +1,7 @@
 """RoPE on q and k plus the KV-cache write, in one Triton launch per layer.
 
 Eagerly a layer rotates q and k with ~5 kernels each (negate, concatenate, two multiplies, add:
-`model.apply_rope`) and then scatters k and v into the cache slots (two index_put kernels, plus
+`reference.apply_rope`) and then scatters k and v into the cache slots (two index_put kernels, plus
 copies of the transposed views). `rope_kv` reads the fused qkv projection once and writes the
 rotated q (for attention), the rotated k and the untouched v (into the cache) from one launch.
 
@@ -11,7 +11,7 @@ head h - Hq and copies the matching value head, storing both at cache slot slots
 scaling already in inv_freq), so any scaling works unchanged and the kernel does no transcendental
 math.
 
-Numerics follow `model.apply_rope` (rotate-half, x * cos + rotate_half(x) * sin) with its roundings
+Numerics follow `reference.apply_rope` (rotate-half, x * cos + rotate_half(x) * sin) with its roundings
 to the model dtype after each multiply and after the add; float32 is exact up to fused
 multiply-adds on the GPU.
 
@@ -147,25 +147,3 @@ def rope_kv(
     )
     return q
 
-
-def rope_kv_ref(
-    qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    slots: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    q_heads: int,
-    kv_heads: int,
-) -> torch.Tensor:
-    """Pure-torch reference of `rope_kv`: the model's eager ops (apply_rope, then index writes)."""
-    from swiftspec.runtime.model import apply_rope
-
-    d = _check(qkv, cos, sin, slots, k_cache, v_cache, q_heads, kv_heads)
-    t, nq, nkv = qkv.shape[0], q_heads * d, kv_heads * d
-    q = apply_rope(qkv[:, :nq].view(t, q_heads, d), cos, sin)
-    k = apply_rope(qkv[:, nq : nq + nkv].view(t, kv_heads, d), cos, sin)
-    v = qkv[:, nq + nkv :].view(t, kv_heads, d)
-    k_cache[:, slots] = k.transpose(0, 1)
-    v_cache[:, slots] = v.transpose(0, 1)
-    return q

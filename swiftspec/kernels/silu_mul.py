@@ -1,6 +1,6 @@
 """SwiGLU activation silu(gate) * up from the fused gate|up projection, in one Triton launch.
 
-Eagerly `model.silu_mul` is two kernels (silu on the gate half, then the multiply by the up half)
+Eagerly `reference.silu_mul` is two kernels (silu on the gate half, then the multiply by the up half)
 and a (T, F) intermediate. Here one program per (token, block of F columns) reads both halves and
 writes the product. Numerics follow the eager ops: silu in float32 (x / (1 + exp(-x))) rounded to
 the dtype, then the product in float32 rounded to the dtype.
@@ -50,9 +50,3 @@ def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None, pdl: boo
                                                  BLOCK=block, PDL=pdl_mode(pdl), num_warps=4, **launch_options(pdl))  # fmt: skip
     return out
 
-
-def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
-    """Pure-torch reference of `silu_mul`: the model's eager ops."""
-    from swiftspec.runtime.model import silu_mul as eager
-
-    return eager(gate_up)

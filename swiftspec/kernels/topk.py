@@ -2,10 +2,9 @@
 
 `DraftTree.grow` needs, for each expanded node, the k most probable next tokens and their
 log-probabilities. In torch that is `torch.topk(torch.log_softmax(logits.float(), -1), k)`: a
-full (T, V) float32 log-softmax written and read back, then a radix select. The measured H200
-profile (`swiftspec/data/profiles/h200-measured/compute.csv`, op tree_growth, vocab 128256, k 8)
-times it at 65–105 µs for 1–64 rows, 7–10 % of a Llama-3.2-1B draft forward (0.85–1.06 ms),
-against a bytes floor of ≈ 0.1 µs per row (the logits are read once: 0.5 MB per row).
+full (T, V) float32 log-softmax written and read back, then a radix select: several launches and
+passes over the logits where the bytes floor is one read of them (0.5 MB per row at vocab 128256),
+a sizeable part of a small draft's step (docs/decisions.md).
 
 Design: stage 1, grid (T, ceil(V / CHUNK)): each program reads one CHUNK of one row once and
 writes that chunk's max, its sum of exp(x - max), and its own top k (k rounds of "take the max,
@@ -23,6 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 import triton.language as tl
+
+from swiftspec.kernels.reference import logsoftmax_topk_ref  # noqa: F401  (benchmarks import it from here)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -129,7 +130,3 @@ def unpack_topk(packed: torch.Tensor | np.ndarray, t: int, k: int) -> tuple:
         f32, i64 = "float32", "int64"
     return packed[2 * t * k :].view(f32).reshape(t, k), packed[: 2 * t * k].view(i64).reshape(t, k)
 
-
-def logsoftmax_topk_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The contract in torch, what `DraftTree.grow` runs: topk(log_softmax(logits.float()), k)."""
-    return torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)

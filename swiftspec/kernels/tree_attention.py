@@ -17,9 +17,9 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
   writes its partial (running max, sum, unnormalised accumulator) in float32, and the partials are
   merged (log-sum-exp combine) either by a second small kernel, one program per row and KV head
   (combine="separate", default), or in the same launch (combine="kernel": the last split to
-  finish merges, see below; its serial merge made it slower at 22 of the 24 grid shapes of
-  `kernels_2026-12-03b`). With one split (or one *active* split for this prefix, in-kernel mode)
-  the kernel writes the output itself.
+  finish merges, see below; its serial merge is slower at most shapes, docs/decisions.md). With
+  one split (or one *active* split for this prefix, in-kernel mode) the kernel writes the output
+  itself.
   num_splits comes from a time model fitted to the measured H200 sweep (`SplitCostModel`).
 * **In-kernel combine: memory ordering.** Per (row tile, KV head) an int32 counter, zero on
   entry. An active split (1) stores its partial (all threads), (2) `tl.debug_barrier()` (bar.sync:
@@ -49,12 +49,12 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
   scale; float32 inputs use IEEE (not TF32) dots. A row that sees no key at all (prefix_len 0 and
   an all-False mask row) gives NaN, exactly as the reference's softmax over all -inf does.
 
-Tile sizes: BLOCK_N = 64 keys for D = 128 (K and V tiles 16 KB each in bf16), 128 for D = 64,
-32 for float32 inputs (a correctness path: IEEE dots spill registers even so);
-BLOCK_M = 16..64 rows by the row count below 64 rows, 128 from 64 rows on at D 128 (measured by
-`bench_kernels.py --tile-sweep`); num_warps 4 (8 at BLOCK_M 128: two 64-row wgmma warpgroups; 8 also
-at BLOCK_M 64 outside that rule, D != 128 or float32, as before the sweeps), num_stages 2
-(3 when a split walks >= 8 key blocks). Heuristic, not autotuned: autotuning inside CUDA-graph
+Tile sizes (`choose_config`): BLOCK_N = 64 keys for D = 64 and 128 (K and V tiles 16 KB each in
+bf16 at D 128), 32 for float32 inputs (a correctness path: IEEE dots spill registers even so);
+BLOCK_M = 16..64 rows by the row count below 64 rows, 128 from 64 rows on at D 128 (the tile
+sweeps of `bench_kernels.py --tile-sweep`); num_warps 4 (8 at BLOCK_M 128: two 64-row wgmma
+warpgroups; 8 also at BLOCK_M 64 outside the swept tiles), num_stages 2 (3 when a split walks >= 8
+key blocks). Heuristic, not autotuned: autotuning inside CUDA-graph
 capture is slow and picks per-shape configs the graph cannot change.
 """
 
@@ -71,15 +71,19 @@ import triton.language as tl
 
 from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
 
+try:  # host-side TMA descriptors: newer Triton releases only (the TMA loads need them)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:
+    TensorDescriptor = None
+
 # H200 streaming multiprocessors; used when no GPU is present (interpreter) so CPU tests exercise
 # the same split heuristic the GPU would use.
 _DEFAULT_NUM_SMS = 132
-_MAX_SPLITS = 64
-# BLOCK_M 16 above 32 rows while its K/V reads (one per 16-row tile) stay below this: measured <= 16 MiB
-# wins, >= 32 MiB losses or ties (H200; `choose_config`)
+# BLOCK_M 16 above 32 rows while its K/V reads (one per 16-row tile) stay below this: between the
+# sizes where it won and lost (`choose_config`, docs/decisions.md)
 NARROW_TILE_MAX_BYTES = 24 << 20
 # 16-row tiles read the prefix K/V through TMA descriptors from this many bytes of such reads on
-# (H200, kernels_tiles_2026-12-03j: 64-128 MiB 5-9 % faster, 4 MiB 2 % slower; `choose_config`)
+# (`choose_config`, docs/decisions.md)
 TMA_MIN_BYTES = 32 << 20
 
 
@@ -446,8 +450,8 @@ class SplitCostModel:
       tiles fit several per SM; hbm_bytes_per_us (0: none): a floor, t >= fixed + the K/V bytes
       (bf16) / bandwidth, which the wave term alone stops giving once more programs fit an SM.
 
-    Defaults (`KERNEL_COST`): fitted (least squares on relative error, rms 5.7 %) to the 72 Triton
-    rows of `benchmarks/results/kernels_2026-12-02.csv` (H200, bf16, D 128, BLOCK_N 64).
+    Defaults (`KERNEL_COST`): fitted (least squares on relative error, rms 5.7 %) to the H200 grid
+    sweep of the in-kernel combine (bf16, D 128, BLOCK_N 64; docs/decisions.md).
     """
 
     fixed_us: float = 5.83
@@ -500,17 +504,14 @@ def _best_splits(model: SplitCostModel, rows: int, hkv: int, d: int, max_len: in
 
 
 KERNEL_COST = SplitCostModel()
-# Fitted by benchmarks/fit_split_model.py to the num_splits sweep with combine "separate"
-# (benchmarks/results/kernels_fit_2026-12-03.csv: 210 rows, 30 shapes x S in 1..64; rms 13 %,
-# the pick within 1.8 % of the sweep's best on average, 16 % at worst).
+# Fitted by benchmarks/fit_split_model.py to the num_splits sweep with combine "separate" (30 shapes
+# x S in 1..64; rms 13 %, the pick within 1.8 % of the sweep's best on average; docs/decisions.md).
 SEPARATE_COST = SplitCostModel(
     fixed_us=6.163, block_us_wide=1.295, block_us_narrow=0.916, ctas_per_sm_wide=0.877, ctas_per_sm_narrow=1.029,
     split_program_us=1.659, merge_per_split_us=0.0, partial_bytes_per_us=1.985e6, combine_us=0.393,
     merge_over="launched",
-    # Set after that fit, for BLOCK_M 16 (which `choose_config` now also takes at 17-32 rows and at
-    # short KV): with the fitted 1.03 programs per SM the model under-split it (picks up to 2.5x slower than the best measured split count on
-    # the 16-row tile sweeps kernels_tiles_2026-12-03{f,g,i}); 3 per SM and the HBM floor (the H200's
-    # measured 4.2 TB/s copy bandwidth) pick within 10 % there and leave the fit's own picks as they were.
+    # BLOCK_M 16 programs fit several per SM: with the fitted 1.03 per SM the model under-splits
+    # them; 3 per SM and the HBM floor (the H200's copy bandwidth) fix that (docs/decisions.md).
     ctas_per_sm_m16=3.0, hbm_bytes_per_us=4.2e6,
 )
 SPLIT_COST = {"kernel": KERNEL_COST, "separate": SEPARATE_COST}
@@ -533,107 +534,6 @@ def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return _DEFAULT_NUM_SMS
-
-
-def choose_config(
-    t: int, hq: int, hkv: int, d: int, max_len: int, elem_bytes: int, num_sms: int = _DEFAULT_NUM_SMS,
-    num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
-    *, rule: str = "model", num_stages: int | None = None, combine: str = "separate",
-    cost: SplitCostModel | None = None, num_warps: int | None = None, max_block_m: int = 128,
-    tma: bool | None = None,
-) -> TreeAttentionConfig:
-    """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
-
-    BLOCK_M (bf16/fp16, D 64 and 128): 16 up to 32 rows (rows = T × group), and above while the
-    K/V reads of 16-row tiles stay <= `NARROW_TILE_MAX_BYTES` (D 128); otherwise 64, or 128 from
-    64 rows on at D 128. BLOCK_N: 64 (bf16/fp16), 32 (float32). BLOCK_M 16 and 64 run 4 warps, 128
-    runs 8. max_block_m < 128 or rule="legacy" keep the earlier tiles for A/B runs: BLOCK_M 16..64
-    (next power of two) with 8 warps at 64, BLOCK_N 128 at D 64. float32 and other head dims keep
-    those too.
-    tma (None = the rule): 16-row tiles at D 128 read the prefix K/V through TMA descriptors once
-    their K/V reads reach `TMA_MIN_BYTES`.
-    rule="model" (default): num_splits minimises `SplitCostModel.time_us` over 1..64 with the
-    model fitted to the measured H200 sweep of the combine mode (`SPLIT_COST[combine]`, or `cost`
-    when given; see `SplitCostModel`). rule="legacy": the first heuristic, kept so the
-    benchmark can compare: about two programs per SM, at most one split per key block and partial
-    bytes within the K/V bytes — it over-splits at long KV (32/8 kv 16384 q64: 9 splits 170 µs,
-    4 splits 124 µs; 8/1 kv 16384 q8: 64 splits 60 µs, 32 splits 45 µs).
-    """
-    if rule not in ("model", "legacy"):
-        raise ValueError(f"rule must be 'model' or 'legacy', got {rule!r}")
-    rows = t * (hq // hkv)
-    bm = block_m or min(64, max(16, triton.next_power_of_2(rows)))
-    # The tile family of the 2026-12-03 tile sweeps (bf16/fp16); max_block_m < 128 or rule="legacy"
-    # keep the earlier one for A/B runs.
-    new_tiles = rule == "model" and max_block_m >= 128 and elem_bytes <= 2
-    # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles).
-    # D 64 (Llama-3.2-1B) took BLOCK_N 128 in the earlier tiles; the D 64 sweep
-    # (kernels_tiles_2026-12-03d, 64-512 rows) measured BLOCK_N 64 with 4 warps 19-34 % faster
-    # than BLOCK_N 128 with 8 (kv 1024 q16 11.3 -> 7.8 µs, q64 14.6 -> 11.3, kv 4096 q64 26.7 -> 17.7).
-    bn = block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 or (new_tiles and d == 64) else 128)
-    # The tiles below were measured for BLOCK_N 64 at D 64 and 128 only (bf16/fp16).
-    swept = new_tiles and bn == 64 and d in (64, 128)
-    if block_m is None and swept and rows > 16:
-        # BLOCK_M 16 (mma.sync, 4 warps) while the K/V is small: its programs are shorter per key
-        # block and there are 8x more of them to fill the SMs, while the extra K/V reads (once per
-        # 16-row tile, mostly from L2) stay cheap. Sweeps kernels_tiles_2026-12-03{f,g,i} (D 64 and
-        # 128, 4-1024 rows, kv 1024-16384): at <= 32 rows BLOCK_M 16 was the best or within 2 % of
-        # it at all 10 shapes (BLOCK_M 32 4-38 % slower); above, it won where these reads are
-        # <= 16 MiB (6 shapes) and lost or tied from 32 MiB (5; D 128: 8/1 kv 1024 q8 11.0 -> 7.3 µs,
-        # q64 12.4 -> 9.8, 32/8 kv 1024 q16 11.9 -> 10.2; 8/1 kv 4096 q64, 64 MiB: 15.7 µs at
-        # BLOCK_M 128, 18.1 at 16). Above 32 rows at D 64 it lost at all 4 shapes measured, from
-        # 2 MiB on (kv 1024 q16 8.7 vs 8.0 µs at BLOCK_M 64, q64 15.2 vs 11.3: kernels_tiles_2026-12-03k).
-        narrow_bytes = triton.cdiv(rows, 16) * hkv * max_len * d * 2 * elem_bytes
-        if rows <= 32 or (d == 128 and narrow_bytes <= NARROW_TILE_MAX_BYTES):
-            bm = 16
-        elif d == 128 and rows >= 64:
-            # Otherwise BLOCK_M 128 with 8 warps (two 64-row wgmma warpgroups), at D 128 only
-            # (kernels_tiles_2026-12-03{,b}, 64-1024 rows): it beat every BLOCK_M 64 tile at 13 of 14
-            # shapes (a tie at the 14th) and the earlier default (BLOCK_M 64, 8 warps) at all 14 by
-            # 8-48 %, even half padded at 64 rows: per key block it costs about what a 64-row tile
-            # does (~1.25 µs, latency-bound), so fewer row tiles leave the splits more keys each
-            # (32/8 kv 16384 q64 89.0 -> 51.9 µs). At D 64 it was 1.5-2x slower than BLOCK_M 64
-            # (kernels_tiles_2026-12-03d) and made the 1B step 11-13 % slower (bench_step_kernels-2026-12-03k).
-            bm = 128
-    if num_splits is None:
-        if rule == "model":
-            if combine not in SPLIT_COST:
-                raise ValueError(f"combine must be one of {COMBINE_MODES}, got {combine!r}")
-            num_splits = (cost or SPLIT_COST[combine]).best_splits(rows, hkv, d, max_len, bm, bn, num_sms)
-        else:
-            tiles = triton.cdiv(rows, bm) * hkv
-            by_sms = triton.cdiv(2 * num_sms, tiles)
-            by_keys = triton.cdiv(max_len, bn)
-            by_bytes = max(1, (max_len * elem_bytes) // max(rows, 1))
-            num_splits = max(1, min(by_sms, by_keys, by_bytes, _MAX_SPLITS))
-    # BLOCK_M 64 took 8 warps under the earlier tiles: a compile without the JIT's divisibility
-    # specialization showed 4 warps spilling 272 B. Compiled as launched (`compile_check`) neither
-    # spills at D 128, and the tile sweeps measured 4 warps 10-40 % faster at every shape, so the
-    # swept tiles take 4. BLOCK_M <= 32: 4 warps (mma.sync); BLOCK_M 128: 8 (two wgmma groups).
-    num_warps = num_warps or (8 if bm >= 128 or (bm == 64 and not swept) else 4)
-    if num_stages is None:
-        # A third pipeline stage pays off once a program walks many key blocks (H200 sweep,
-        # kernels_2026-12-02 second run: 32/8 kv 16384 q64, 4096 keys per split: 124 -> 94 µs;
-        # 8/1 kv 16384, 512 keys per split: 50 -> 49 µs) and costs at short ones (8/1 kv 1024,
-        # 128 keys per split: 18 -> 20 µs).
-        keys_per_split = triton.cdiv(max_len, int(num_splits))
-        num_stages = 3 if elem_bytes <= 2 and keys_per_split >= 8 * bn else 2
-        # ...unless 16-row programs fill the SMs several deep, where the third stage's shared memory
-        # costs residency (kernels_tiles_2026-12-03i, 32/8 kv 4096 q64: 512 programs 43.7 -> 55.2 µs
-        # with 3 stages, 128 programs 97.5 -> 59.3; grid kernels_2026-12-03e, 32/8 kv 16384 q8, 512
-        # programs: 38.8 µs with 3 stages, 33.0 with 2 in kernels_tiles_2026-12-03g).
-        programs = triton.cdiv(rows, bm) * hkv * int(num_splits)
-        if bm == 16 and swept and programs > 2 * num_sms:
-            num_stages = 2
-    if tma is None:
-        # TMA takes the address arithmetic off the 4 warps of a 16-row program; it pays where many such
-        # programs stream a long prefix (kernels_tiles_2026-12-03j, D 128, same tile and splits:
-        # 32/8 kv 16384 q8 33.8 -> 30.8 µs, 32/8 kv 1024 q64 18.9 -> 18.0; 8/1 kv 1024 q16, 4 MiB of
-        # reads: 7.5 -> 7.6). 128-row tiles were 0-4 % slower with it.
-        reads = triton.cdiv(rows, 16) * hkv * max_len * d * 2 * elem_bytes
-        tma = swept and bm == 16 and d == 128 and reads >= TMA_MIN_BYTES
-    return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps,
-                               num_stages=num_stages, tma=bool(tma))
 
 
 class TreeAttentionWorkspace:
@@ -660,6 +560,93 @@ class TreeAttentionWorkspace:
         return self.counters
 
 
+@dataclass(frozen=True)
+class TreeAttentionLaunch:
+    """How `tree_attention` launches (the defaults: `choose_config`'s rules, the separate combine).
+
+    combine: how split-KV partials are merged when num_splits > 1: "separate" (a second,
+    row-parallel combine launch) or "kernel" (the last split to finish merges, one launch).
+    workspace: counters for combine "kernel", shared by all calls of a stream
+    (`TreeAttentionWorkspace`); without one each split call zeroes fresh counters (one memset).
+    num_splits, block_m, block_n, num_warps, num_stages: override the launch shape (benchmarks,
+    tests). tma: read the prefix blocks' K/V through TMA tensor descriptors (Hopper; contiguous
+    caches); None: `choose_config`'s rule, which falls back to plain loads for non-contiguous caches.
+    """
+
+    combine: str = "separate"
+    workspace: TreeAttentionWorkspace | None = None
+    num_splits: int | None = None
+    block_m: int | None = None
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    tma: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.combine not in COMBINE_MODES:
+            raise ValueError(f"combine must be one of {COMBINE_MODES}, got {self.combine!r}")
+
+
+def choose_config(
+    t: int, hq: int, hkv: int, d: int, max_len: int, elem_bytes: int, num_sms: int = _DEFAULT_NUM_SMS,
+    launch: TreeAttentionLaunch | None = None, *, cost: SplitCostModel | None = None,
+) -> TreeAttentionConfig:
+    """Launch shape for tree attention (no autotuning: graph capture wants a fixed shape).
+
+    BLOCK_M (bf16/fp16, D 64 and 128): 16 up to 32 rows (rows = T × group), and above while the
+    K/V reads of 16-row tiles stay <= `NARROW_TILE_MAX_BYTES` (D 128); otherwise 64, or 128 from
+    64 rows on at D 128. BLOCK_N: 64 (bf16/fp16), 32 (float32). BLOCK_M 16 and 64 run 4 warps, 128
+    runs 8. float32 and other head dims take BLOCK_M 16..64 (next power of two), 8 warps at 64.
+    tma: 16-row tiles at D 128 read the prefix K/V through TMA descriptors once their K/V reads
+    reach `TMA_MIN_BYTES`.
+    num_splits minimises `SplitCostModel.time_us` over 1..64 with the model fitted to the measured
+    H200 sweep of the combine mode (`SPLIT_COST[launch.combine]`, or `cost` when given).
+    `launch`'s launch-shape fields override these rules.
+    """
+    lc = launch or TreeAttentionLaunch()
+    rows = t * (hq // hkv)
+    bm = lc.block_m or min(64, max(16, triton.next_power_of_2(rows)))
+    # float32 is the correctness path (IEEE dots run on FMA units and spill at wider key tiles);
+    # D 64 takes BLOCK_N 64 with 4 warps, faster there than 128 with 8 (docs/decisions.md)
+    bn = lc.block_n or (32 if elem_bytes >= 4 else 64 if d >= 128 or d == 64 else 128)
+    # the tile rules below were measured for BLOCK_N 64 at D 64 and 128 only (bf16/fp16)
+    swept = elem_bytes <= 2 and bn == 64 and d in (64, 128)
+    if lc.block_m is None and swept and rows > 16:
+        # BLOCK_M 16 while its extra K/V reads (one per 16-row tile, mostly from L2) stay small:
+        # shorter programs, and 8x more of them to fill the SMs (docs/decisions.md)
+        narrow_bytes = triton.cdiv(rows, 16) * hkv * max_len * d * 2 * elem_bytes
+        if rows <= 32 or (d == 128 and narrow_bytes <= NARROW_TILE_MAX_BYTES):
+            bm = 16
+        elif d == 128 and rows >= 64:
+            # BLOCK_M 128 (two 64-row wgmma warpgroups) costs per key block about what a 64-row tile
+            # does, so fewer row tiles leave each split more keys; slower at D 64 (docs/decisions.md)
+            bm = 128
+    num_splits = lc.num_splits
+    if num_splits is None:
+        num_splits = (cost or SPLIT_COST[lc.combine]).best_splits(rows, hkv, d, max_len, bm, bn, num_sms)
+    # BLOCK_M <= 32: 4 warps (mma.sync); 128: 8 (two wgmma groups); 64: 4 on the swept tiles, where
+    # 4 neither spill nor lose, else 8 (docs/decisions.md)
+    num_warps = lc.num_warps or (8 if bm >= 128 or (bm == 64 and not swept) else 4)
+    num_stages = lc.num_stages
+    if num_stages is None:
+        # a third pipeline stage pays once a program walks >= 8 key blocks and costs at short ones,
+        # unless 16-row programs fill the SMs several deep, where its shared memory costs residency
+        # (docs/decisions.md)
+        keys_per_split = triton.cdiv(max_len, int(num_splits))
+        num_stages = 3 if elem_bytes <= 2 and keys_per_split >= 8 * bn else 2
+        programs = triton.cdiv(rows, bm) * hkv * int(num_splits)
+        if bm == 16 and swept and programs > 2 * num_sms:
+            num_stages = 2
+    tma = lc.tma
+    if tma is None:
+        # TMA takes the address arithmetic off the 4 warps of a 16-row program: it pays where many
+        # such programs stream a long prefix (docs/decisions.md)
+        reads = triton.cdiv(rows, 16) * hkv * max_len * d * 2 * elem_bytes
+        tma = swept and bm == 16 and d == 128 and reads >= TMA_MIN_BYTES
+    return TreeAttentionConfig(block_m=bm, block_n=bn, num_splits=int(num_splits), num_warps=num_warps,
+                               num_stages=num_stages, tma=bool(tma))
+
+
 def tree_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -668,19 +655,10 @@ def tree_attention(
     tree_mask: torch.Tensor,
     scale: float,
     *,
-    num_splits: int | None = None,
     packed_mask: torch.Tensor | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
     out: torch.Tensor | None = None,
-    combine: str = "separate",
-    workspace: TreeAttentionWorkspace | None = None,
-    rule: str = "model",
-    num_stages: int | None = None,
-    num_warps: int | None = None,
-    max_block_m: int = 128,
     pdl: bool | str = False,
-    tma: bool | None = None,
+    launch: TreeAttentionLaunch | None = None,
 ) -> torch.Tensor:
     """Tree attention for one layer (GQA, split-KV); drop-in for `tree_attention_ref`.
 
@@ -692,29 +670,18 @@ def tree_attention(
         tree_mask:   (T, N) bool, N <= max_len - prefix_len
         packed_mask: optional (T, ceil(N/32)) int32 from `pack_tree_mask(tree_mask)`; pass it to
                      skip the packing launch (pack once per step, use for every layer)
-        num_splits / block_m / block_n / num_stages / num_warps: override the launch shape
-                     (benchmarks, tests)
-        max_block_m: 64 keeps the tiles of before the 2026-12-03 tile sweep (A/B runs)
         out:         optional (T, Hq, D) output buffer, dtype of q, last dim contiguous (static
                      buffers for CUDA graphs)
-        combine:     how splits are merged when num_splits > 1: "separate" (default: a second,
-                     row-parallel combine launch) or "kernel" (the last split to finish merges, one
-                     launch; slower at 22 of 24 H200 grid shapes, kernels_2026-12-03b)
-        workspace:   counters for combine="kernel", shared by all calls of a stream (see
-                     `TreeAttentionWorkspace`); without one each split call zeroes fresh counters
-                     (one memset launch)
-        rule:        num_splits rule when num_splits is None: "model" or "legacy" (`choose_config`)
         pdl:         programmatic dependent launch of every launch (`swiftspec.kernels.pdl`; Hopper)
-        tma:         read the prefix blocks' K/V through TMA tensor descriptors (Hopper; contiguous
-                     caches); None: `choose_config`'s rule, which falls back to plain loads for
-                     non-contiguous caches
+        launch:      the split merge and launch-shape overrides (`TreeAttentionLaunch`; None: the
+                     defaults)
     Returns:
         (T, Hq, D), dtype of q (`out` when given); float32 softmax and accumulation.
     Launches: pack (unless packed_mask), attention, and with num_splits > 1 either the combine
-    kernel (combine="separate") or, with no workspace, a counter memset.
+    kernel (combine "separate") or, with no workspace, a counter memset.
     """
-    if combine not in COMBINE_MODES:
-        raise ValueError(f"combine must be one of {COMBINE_MODES}, got {combine!r}")
+    launch = launch or TreeAttentionLaunch()
+    combine, workspace = launch.combine, launch.workspace
     t, hq, d = q.shape
     hkv, max_len, dk = k_cache.shape
     n = tree_mask.shape[1]
@@ -738,10 +705,7 @@ def tree_attention(
     if t == 0:
         return out
     group = hq // hkv
-    cfg = choose_config(
-        t, hq, hkv, d, max_len, k_cache.element_size(), _num_sms(device), num_splits, block_m, block_n,
-        rule=rule, num_stages=num_stages, combine=combine, num_warps=num_warps, max_block_m=max_block_m, tma=tma,
-    )
+    cfg = choose_config(t, hq, hkv, d, max_len, k_cache.element_size(), _num_sms(device), launch)
     rows = t * group
     m_tiles = triton.cdiv(rows, cfg.block_m)
     ieee = q.dtype == torch.float32
@@ -766,11 +730,11 @@ def tree_attention(
     scale_log2 = float(scale) * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     kd, vd = k_cache, v_cache  # unused without tma
     use_tma = cfg.tma and k_cache.is_contiguous() and v_cache.is_contiguous()
-    if tma and not use_tma:
+    if launch.tma and not use_tma:
         raise ValueError("tma needs contiguous k_cache and v_cache")
     if use_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
+        if TensorDescriptor is None:
+            raise ValueError("tma needs Triton's host tensor descriptors (triton.tools.tensor_descriptor)")
         kd, vd = (TensorDescriptor.from_tensor(c.view(hkv * max_len, d), [cfg.block_n, d]) for c in (k_cache, v_cache))
     _tree_attn_kernel[(m_tiles, hkv, cfg.num_splits)](
         q, k_cache, v_cache, kd, vd, prefix, packed_mask, out, part_ml, part_acc, counters,

@@ -3,8 +3,7 @@
 Same contract as `swiftspec.runtime.attention.tree_attention_ref` and `tree_attention.tree_attention`
 (query i sees every prefix slot and its own tree ancestors), for the shapes where the Triton kernel
 is compute-bound: 64+ queries of a GQA group over thousands of keys (32/8 heads, kv 16384, 64
-queries: 17 GFLOP, 50-54 µs with `tree_attention`, goal 35 µs; `benchmarks/KERNELS.md`,
-"Eighteenth session" and "Nineteenth session").
+queries: 17 GFLOP).
 
 Why a second kernel: per 64-key block the Triton kernel's two dots and its 8192 exponentials run one
 after the other, since every warp of the program is in the same phase (Triton's automatic warp
@@ -20,10 +19,8 @@ Here each program has three partitions that only meet at mbarriers:
 The consumers are not in lock-step, so one's softmax runs on the CUDA cores while the other's dots
 run on the tensor cores: the overlap FlashAttention-3 gets from warp specialization. They also take
 turns on the tensor cores, each turn issuing one block's QK^T with the previous block's PV. A
-variant without the turns measured 0.98-1.06x of this one, but gave wrong results in two tile
-settings (block_n 128 at D 128, cause not found), so only this schedule is kept (KERNELS.md).
-On an H100 the kernel is 1.02-1.37x faster than `tree_attention` on 64-1024 rows per KV head, and
-takes the 35 µs shape from 54.1 to 41.7 µs (KERNELS.md, "Nineteenth session").
+variant without the turns was no faster and gave wrong results in two tile settings, so only this
+schedule is kept. Where it runs and what it gains: docs/decisions.md.
 
 Splits write float32 partials (running max, sum, unnormalised accumulator, same layout as
 `tree_attention`'s) and `tree_attention._combine_kernel` merges them (a second launch).
@@ -38,6 +35,7 @@ caches start zeroed (`KVCache`), so they do.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -294,6 +292,24 @@ def default_splits(rows: int, hkv: int, max_len: int, block_n: int, num_sms: int
     return max(1, min(num_sms // tiles, math.ceil(max_len / block_n)))
 
 
+@dataclass(frozen=True)
+class WsLaunch:
+    """Launch tuning of `tree_attention_ws`. block_n: keys per block (64, or 128: no faster, and at
+    D 128 only 3 stages with q_smem fit); num_stages: K/V ring slots (shared memory:
+    2 * stages * block_n * D * 2 bytes); q_smem: QK^T reads Q from shared memory, not registers;
+    num_splits: None -> `default_splits`."""
+
+    num_splits: int | None = None
+    block_n: int = 64
+    num_stages: int = 4
+    q_smem: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_n not in (64, 128) or not 2 <= self.num_stages <= 4:
+            raise ValueError(f"block_n must be 64 or 128 and num_stages 2..4, got {self.block_n}, "
+                             f"{self.num_stages}")
+
+
 def tree_attention_ws(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -302,25 +318,20 @@ def tree_attention_ws(
     tree_mask: torch.Tensor,
     scale: float,
     *,
-    num_splits: int | None = None,
-    block_n: int = 64,
-    num_stages: int = 4,
-    q_smem: bool = False,
-    pdl: bool = False,
     packed_mask: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    pdl: bool = False,
+    launch: WsLaunch | None = None,
 ) -> torch.Tensor:
     """Tree attention for one layer with the warp-specialized kernel; shapes, arguments and result
     as `tree_attention.tree_attention` (q (T, Hq, D); caches (Hkv, max_len, D); mask (T, N)).
 
-    block_n: keys per block (64, or 128: no faster, and at D 128 only 3 stages with q_smem fit);
-    num_stages: K/V ring slots (shared memory: 2 * stages * block_n * D * 2 bytes); q_smem: QK^T
-    reads Q from shared memory, not registers; pdl: both launches are programmatic dependent
-    launches (Hopper; `swiftspec.kernels.pdl`); num_splits: None ->
-    `default_splits`. Launches: pack (unless packed_mask),
-    attention, combine. ValueError (`check_ws`'s reason, or a bad tile) where it cannot run."""
-    if block_n not in (64, 128) or not 2 <= num_stages <= 4:
-        raise ValueError(f"block_n must be 64 or 128 and num_stages 2..4, got {block_n}, {num_stages}")
+    pdl: both launches are programmatic dependent launches (Hopper; `swiftspec.kernels.pdl`);
+    launch: the tile, ring and split tuning (`WsLaunch`; None: the defaults). Launches: pack
+    (unless packed_mask), attention, combine. ValueError (`check_ws`'s reason, or a bad tile) where
+    it cannot run."""
+    launch = launch or WsLaunch()
+    block_n, num_stages, q_smem = launch.block_n, launch.num_stages, launch.q_smem
     why = check_ws(q, k_cache, v_cache)
     if why:
         raise ValueError(f"tree_attention_ws: {why}")
@@ -339,7 +350,7 @@ def tree_attention_ws(
         out = torch.empty_like(q)
     if t == 0:
         return out
-    splits = num_splits or default_splits(rows, hkv, max_len, block_n, _num_sms(device))
+    splits = launch.num_splits or default_splits(rows, hkv, max_len, block_n, _num_sms(device))
     part_ml = torch.empty((splits, hkv, rows, 2), dtype=torch.float32, device=device)
     part_acc = torch.empty((splits, hkv, rows, d), dtype=torch.float32, device=device)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16

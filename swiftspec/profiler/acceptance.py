@@ -16,8 +16,8 @@ length (tokens per verify, bonus included) that `generate` actually got in seria
 the first few prompts. Those runs also check losslessness: their output must equal the
 autoregressive continuation token for token (recorded in meta `lossless`).
 
-With a temperature (> 0) the target's path is its sampled continuation (prompt i drawn with seed
-sample_seed + i, `verify.SamplingVerifier`) and the ranks are those of its draws. A tree node
+With a temperature (> 0) the target's path is its sampled continuation (prompt i drawn as
+`SamplingParams.for_prompt(i)` says, `verify.SamplingVerifier`) and the ranks are those of its draws. A tree node
 continues exactly when the draw is among its children, so the replay stays exact and the planner
 can plan sampled decoding from such a profile (named `...__T<temperature>`, plus `k<K>` / `p<P>` when
 the target's draws are truncated to its top K tokens / its nucleus of mass P).
@@ -34,10 +34,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from swiftspec.files import run_metadata
 from swiftspec.profiler.prompts import encode, load_prompts
-from swiftspec.spec import AcceptanceProfile, Mode, TreePolicy, UserError, resolve_model_path
+from swiftspec.runtime.decoder import ModelRunner
+from swiftspec.runtime.generate import (
+    DTYPES,
+    GREEDY,
+    GenerateConfig,
+    cache_slots,
+    check_device,
+    eos_ids_of,
+    generate,
+)
+from swiftspec.runtime.kernel_config import WEIGHT_FORMATS, KernelConfig
+from swiftspec.runtime.kv_cache import KVCache
+from swiftspec.runtime.weights import load_model, load_tokenizer
+from swiftspec.spec import AcceptanceProfile, Mode, SamplingParams, TreePolicy, UserError, resolve_model_path
 
 DEFAULT_POLICIES = ("chain/bs5-w1-d4", "serial/bs8-w8-d4", "serial/bs16-w4-d6")
 _POLICY_RE = re.compile(r"^(?:(?P<mode>[a-z]+)/)?bs(?P<bs>\d+)-w(?P<w>\d+)-d(?P<d>\d+)(?:-D(?P<D>\d+))?$")
@@ -79,8 +93,6 @@ class PairTrace:
 def draft_distribution_along(draft, ids: Sequence[int], start: int, chunk: int = 256) -> torch.Tensor:
     """Teacher-forced draft forward over `ids`: float32 probabilities (len(ids) - start, vocab)
     of the draft's next token after ids[:start + 1], ..., ids[:len(ids)] (causal, chunked)."""
-    from swiftspec.runtime.kv_cache import KVCache
-
     dev = draft.device
     n = len(ids)
     cache = KVCache(draft.spec, draft.shard, n, dev, draft.dtype)
@@ -124,55 +136,51 @@ def _named(name: str, weight_format: str) -> str:
     return name if weight_format == "native" else f"{name}-{weight_format}"
 
 
-def _runner(model, slots: int, vocab_limit: int | None = None):
-    from swiftspec.runtime.decoder import ModelRunner
-
+def _runner(model, slots: int, vocab_limit: int | None = None) -> ModelRunner:
     return ModelRunner(model, slots, vocab_limit=vocab_limit)
+
+
+@dataclass(frozen=True)
+class AcceptanceOptions:
+    """What `profile_acceptance` measures: the first `num_prompts` of `prompts` ("builtin",
+    "builtin:chat,code,..." or a JSONL file; None: all), `max_new_tokens` target tokens each, ranks
+    up to `top_k` (beyond: -1), and the accepted length of every tree policy in `policies`
+    (`parse_policy`) on the first `accepted_prompts` prompts."""
+
+    prompts: str = "builtin"
+    num_prompts: int | None = 12
+    max_new_tokens: int = 48
+    top_k: int = 32
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    accepted_prompts: int = 3
 
 
 def profile_acceptance(
     target: str | Path,
     draft: str | Path,
+    options: AcceptanceOptions = AcceptanceOptions(),
+    sampling: SamplingParams = GREEDY,
     *,
-    prompts: str = "builtin",
-    num_prompts: int | None = 12,
-    max_new_tokens: int = 48,
-    top_k: int = 32,
-    policies: Sequence[str] = DEFAULT_POLICIES,
-    accepted_prompts: int = 3,
     device: str = "cpu",
     dtype: str = "float32",
-    progress: bool = True,
     weight_format: str = "native",
     draft_weight_format: str | None = None,
-    temperature: float = 0.0,
-    sample_seed: int = 0,
-    sample_top_k: int = 0,
-    sample_top_p: float = 1.0,
+    progress: bool = True,
 ) -> AcceptanceProfile:
-    """Measure the pair on `prompts` (see the module docstring) -> an AcceptanceProfile.
+    """Measure the pair as `options` says (see the module docstring) -> an AcceptanceProfile.
 
     weight_format / draft_weight_format (default: weight_format): the models' GEMM weights,
     "native" or "fp8" (`load_model`). The same checkpoint as target and draft with only the draft
     in fp8 measures how often the fp8 model's greedy token is the native one's (`top1_agreement`).
-    temperature, sample_seed: sample the target instead of greedy (module docstring), truncated to
-    the top sample_top_k tokens (0: off) and the nucleus of mass sample_top_p (1: off)."""
-    from swiftspec.runtime.generate import (
-        DTYPES,
-        GenerateConfig,
-        cache_slots,
-        check_device,
-        eos_ids_of,
-        generate,
-        make_verifier,
-    )
-    from swiftspec.runtime.weights import WEIGHT_FORMATS, load_model, load_tokenizer
-
+    sampling: the target's path is its greedy (temperature 0) or sampled continuation (module
+    docstring)."""
+    prompts, num_prompts, max_new_tokens = options.prompts, options.num_prompts, options.max_new_tokens
+    top_k, policies, accepted_prompts = options.top_k, options.policies, options.accepted_prompts
+    temperature, sample_top_k, sample_top_p = sampling.temperature, sampling.top_k, sampling.top_p
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {top_k}")
-    make_verifier(temperature, 0, sample_top_k, sample_top_p)  # bad sampling settings: refused before loading
     check_device(device, dtype)
     draft_weight_format = draft_weight_format or weight_format
     for flag, fmt in (("--weight-format", weight_format), ("--draft-weight-format", draft_weight_format)):
@@ -181,8 +189,10 @@ def profile_acceptance(
     parsed = [parse_policy(p) for p in policies]
     tfolder, dfolder = resolve_model_path(target), resolve_model_path(draft)
     plist = load_prompts(prompts, limit=num_prompts)
-    tmodel = load_model(tfolder, device=device, dtype=DTYPES[dtype], weight_format=weight_format)
-    dmodel = load_model(dfolder, device=device, dtype=DTYPES[dtype], weight_format=draft_weight_format)
+    tmodel = load_model(tfolder, device=device, dtype=DTYPES[dtype],
+                        kernels=KernelConfig.resolve(device, weight_format=weight_format))
+    dmodel = load_model(dfolder, device=device, dtype=DTYPES[dtype],
+                        kernels=KernelConfig.resolve(device, weight_format=draft_weight_format))
     tok = load_tokenizer(tfolder)
     vocab = tmodel.spec.vocab
     if dmodel.spec.vocab != vocab:
@@ -198,8 +208,6 @@ def profile_acceptance(
 
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(encoded) + len(parsed) * min(accepted_prompts, len(encoded)), desc="acceptance",
                    unit="run", dynamic_ncols=True)  # fmt: skip
     t0 = time.perf_counter()
@@ -209,8 +217,7 @@ def profile_acceptance(
         res = generate(
             _runner(tmodel, cache_slots(len(ids), max_new_tokens, ar, draft=False)), None, ids,
             GenerateConfig(mode=Mode.autoregressive, policy=ar, max_new_tokens=max_new_tokens, eos_ids=eos,
-                           temperature=temperature, sample_seed=sample_seed + i, sample_top_k=sample_top_k,
-                           sample_top_p=sample_top_p),
+                           sampling=sampling.for_prompt(i)),
         )  # fmt: skip
         cont = res.tokens
         probs = draft_distribution_along(dmodel, ids + cont[:-1], start=len(ids) - 1)[:, :vocab_limit]
@@ -232,8 +239,7 @@ def profile_acceptance(
                 _runner(dmodel, cache_slots(len(ids), max_new_tokens, policy, draft=True), vocab_limit),
                 ids,
                 GenerateConfig(mode=mode, policy=policy, max_new_tokens=max_new_tokens, eos_ids=eos,
-                               temperature=temperature, sample_seed=sample_seed + i, sample_top_k=sample_top_k,
-                               sample_top_p=sample_top_p),
+                               sampling=sampling.for_prompt(i)),
             )
             acc += sum(r.accepted for r in res.records)
             its += len(res.records)
@@ -265,7 +271,7 @@ def profile_acceptance(
         prompt_ids=[t.prompt_id for t in traces],
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        sample_seed=sample_seed if temperature > 0 else None,
+        sample_seed=sampling.seed if temperature > 0 else None,
         sample_top_k=sample_top_k,
         sample_top_p=sample_top_p,
         dtype=dtype,

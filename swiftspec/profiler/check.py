@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from swiftspec.sim.latency import LatencyModel
 from swiftspec.spec import Profile, UserError
 
 CHECK_OPS = ("layers", "forward", "lm_head", "embed", "tree_growth", "kv_compact")
@@ -20,8 +21,6 @@ CHECK_OPS = ("layers", "forward", "lm_head", "embed", "tree_growth", "kv_compact
 
 def holdout_errors(profile: Profile, ops: tuple[str, ...] = CHECK_OPS) -> pd.DataFrame:
     """One row per held-out point: op, model, tp, tokens, kv_len, axis, measured, predicted, err."""
-    from swiftspec.sim.latency import LatencyModel  # the simulator is only needed here
-
     c = profile.compute
     rows = []
     for op in ops:
@@ -40,7 +39,7 @@ def holdout_errors(profile: Profile, ops: tuple[str, ...] = CHECK_OPS) -> pd.Dat
                 reduced = Profile(compute=c[~held], comm=profile.comm, meta=profile.meta)
                 lat = LatencyModel(reduced)
                 for r in c[held].itertuples(index=False):
-                    pred = lat._op(op, r.model, int(r.tp), int(r.tokens), float(r.kv_len))
+                    pred = lat.op_ms(op, r.model, int(r.tp), int(r.tokens), float(r.kv_len))
                     rows.append((op, r.model, int(r.tp), int(r.tokens), int(r.kv_len), axis, float(r.ms), pred,
                                  pred / r.ms - 1 if r.ms > 0 else np.nan))  # fmt: skip
     return pd.DataFrame(

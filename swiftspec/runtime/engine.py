@@ -43,13 +43,15 @@ import torch
 import torch.distributed as dist
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
-from swiftspec.runtime.generate import gc_paused, make_verifier
+from swiftspec.runtime.generate import GREEDY, GenerateConfig, gc_paused, generate, make_verifier
 from swiftspec.runtime.groups import Groups, Layout, Link, broadcast
+from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.runlog import SpanTimer
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC, SyntheticVerifier, resolve_bonus
 from swiftspec.runtime.tree import DraftTree
 from swiftspec.runtime.verify import Verdict
-from swiftspec.spec import Mode, Split, TreePolicy
+from swiftspec.runtime.weights import load_model
+from swiftspec.spec import Mode, ModelSpec, SamplingParams, Split, TreePolicy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KIND_TREE, KIND_MORE, KIND_DONE = 1, 2, 3
@@ -73,13 +75,13 @@ class Job:
     """Everything every rank needs (pickled to each spawned process).
 
     prompts: token ids per prompt. rank_paths: one rank path per prompt for synthetic acceptance
-    (None: measured acceptance, the target decides: its argmax, or its draw when sampling). rank_logprobs: with rank_paths, log q
-    by draft rank of the replayed profile: it shapes the draft tree (`DraftTree.rank_logprobs`).
-    weight_format: both models' GEMM weights, "native" or "fp8" (`load_model`; a checkpoint's fp8
-    model is the same at every TP size, `Transformer.set_gemm_weight`). temperature: 0 greedy, > 0
-    lossless sampling (`verify.SamplingVerifier`), prompt i's draws seeded by sample_seed + i, so
-    every mode produces the same tokens; sample_top_k (0: off) / sample_top_p (1: off) truncate what
-    is sampled.
+    (None: measured acceptance, the target decides: its argmax, or its draw when sampling).
+    rank_logprobs: with rank_paths, log q by draft rank of the replayed profile: it shapes the
+    draft tree (`DraftTree.rank_logprobs`). weight_format: both models' GEMM weights, "native" or
+    "fp8"; each model's kernels are resolved for it and its TP degree (`KernelConfig.resolve`; a
+    checkpoint's fp8 model is the same at every TP size). sampling: greedy, or lossless sampling of the target
+    (`verify.SamplingVerifier`) with prompt i's draws seeded `sampling.for_prompt(i)`, so every mode
+    produces the same tokens.
     """
 
     target: str
@@ -96,10 +98,7 @@ class Job:
     timeout_s: float = 120.0
     rank_logprobs: list[float] | None = None
     weight_format: str = "native"
-    temperature: float = 0.0
-    sample_seed: int = 0
-    sample_top_k: int = 0
-    sample_top_p: float = 1.0
+    sampling: SamplingParams = GREEDY
     meta: dict = field(default_factory=dict)
 
 
@@ -138,17 +137,16 @@ class Ctx:
 
 
 def _model(ctx: Ctx, which: str, tp_rank: int, tp_size: int, group) -> torch.nn.Module:
-    """Load (once per TP configuration) the target or draft model of this rank."""
-    from swiftspec.runtime.weights import load_model
-
+    """Load (once per TP configuration) the target or draft model of this rank, with the kernels
+    of the job's weight format at this TP degree."""
     key = (which, tp_size, tp_rank, id(group) if tp_size > 1 else None)
     if key not in ctx.models:
         job = ctx.job
         path = job.target if which == "target" else job.draft
         seed = job.seed if which == "target" else job.seed + 1
+        kernels = KernelConfig.resolve(ctx.device, weight_format=job.weight_format, tp_size=tp_size)
         ctx.models[key] = load_model(path, weights=job.weights, device=ctx.device, dtype=DTYPES[job.dtype],
-                                     tp_rank=tp_rank, tp_size=tp_size, group=group, seed=seed,
-                                     weight_format=job.weight_format)
+                                     tp_rank=tp_rank, tp_size=tp_size, group=group, seed=seed, kernels=kernels)
         ctx.beat()
     return ctx.models[key]
 
@@ -173,8 +171,6 @@ def _reset(runner: ModelRunner) -> None:
 
 
 def _vocab_limit(ctx: Ctx, draft_model) -> int | None:
-    from swiftspec.spec import ModelSpec
-
     tv = ModelSpec.from_config(ctx.job.target).vocab
     return tv if draft_model.spec.vocab > tv else None
 
@@ -307,8 +303,7 @@ def _async_target(ctx: Ctx, task: Task, runner: ModelRunner, prompt_index: int, 
     timer = SpanTimer(ctx.device)
     ms = lambda: (time.perf_counter() - t0) * 1e3  # noqa: E731
     verifier = (SyntheticVerifier(job.rank_paths[prompt_index]) if job.rank_paths
-                else make_verifier(job.temperature, job.sample_seed + prompt_index, job.sample_top_k,
-                                   job.sample_top_p))  # fmt: skip
+                else make_verifier(job.sampling.for_prompt(prompt_index)))
     sbuf = torch.zeros(3 + 3 * policy.bs, dtype=torch.long)
     produced, rows, pending_send = 0, [], None
     it = 0
@@ -353,8 +348,6 @@ def _async_target(ctx: Ctx, task: Task, runner: ModelRunner, prompt_index: int, 
 
 
 def _colocated(ctx: Ctx, task: Task) -> dict | None:
-    from swiftspec.runtime.generate import GenerateConfig, generate
-
     lay, g, job = ctx.layout, ctx.groups, ctx.job
     ranks = lay.colocated
     tp, tp_rank = len(ranks), ranks.index(ctx.rank)
@@ -376,8 +369,7 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
         if draft is not None:
             _reset(draft)
         synth = SyntheticVerifier(job.rank_paths[pi]) if synthetic else None
-        verifier = synth or make_verifier(job.temperature, job.sample_seed + pi, job.sample_top_k,
-                                          job.sample_top_p)  # fmt: skip
+        verifier = synth or make_verifier(job.sampling.for_prompt(pi))
         ctx.sync()
         dist.barrier(group=g.colo_ctrl)
         res = generate(target, draft, prompt, cfg, verifier=verifier, weights=job.weights)

@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import gc
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,11 +28,14 @@ import pandas as pd
 import torch
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
+from swiftspec.runtime.kernel_config import TREE_GROWTH_IMPLS, WEIGHT_FORMATS, KernelConfig
 from swiftspec.runtime.tree import DraftTree, tree_slots_needed
-from swiftspec.runtime.verify import GreedyVerifier, SamplingVerifier, Verifier, check_truncation
-from swiftspec.spec import Mode, TreePolicy, UserError, resolve_model_path
+from swiftspec.runtime.verify import GreedyVerifier, SamplingVerifier, Verifier
+from swiftspec.runtime.weights import load_model, load_tokenizer
+from swiftspec.spec import Mode, SamplingParams, TreePolicy, UserError, resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GREEDY = SamplingParams()  # the default: the target's argmax
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,8 @@ class GenerateConfig:
     eos_ids: stop after producing any of these (the stop token is kept in the output).
     rank_logprobs: synthetic acceptance: log q[rank] of the replayed AcceptanceProfile, which
     shapes the draft tree instead of the draft's own log-probabilities (`DraftTree`).
-    temperature: 0 = greedy verification (`GreedyVerifier`); > 0 samples the target at that
-    temperature, losslessly (`SamplingVerifier`, seeded by sample_seed: the same seed gives the
-    same tokens in every mode). sample_top_k (0: off) and sample_top_p (1: off) truncate the sampled
-    distribution to the top-k tokens / the nucleus of mass p (`verify.truncated_probs`); they need
-    temperature > 0.
+    sampling: greedy verification (`GreedyVerifier`) at temperature 0, else lossless sampling of
+    the target (`SamplingVerifier`: the same seed gives the same tokens in every mode).
     """
 
     mode: Mode
@@ -61,10 +60,7 @@ class GenerateConfig:
     eos_ids: tuple[int, ...] = ()
     keep_subtree: bool = False
     rank_logprobs: tuple[float, ...] | None = None
-    temperature: float = 0.0
-    sample_seed: int = 0
-    sample_top_k: int = 0
-    sample_top_p: float = 1.0
+    sampling: SamplingParams = GREEDY
 
 
 @dataclass(frozen=True)
@@ -144,7 +140,7 @@ def generate(
     """Decode `cfg.max_new_tokens` tokens after `prompt_ids` with fresh runners (empty caches)."""
     if not prompt_ids:
         raise UserError("the prompt is empty: give at least one token")
-    verifier = verifier or make_verifier(cfg.temperature, cfg.sample_seed, cfg.sample_top_k, cfg.sample_top_p)  # fmt: skip
+    verifier = verifier or make_verifier(cfg.sampling)
     policy, speculative = cfg.policy, cfg.mode is not Mode.autoregressive
     if speculative and draft is None:
         raise UserError(f"{cfg.mode} mode needs a draft model (--draft)")
@@ -224,7 +220,7 @@ def generate(
         mean_accepted=sum(r.accepted for r in records) / max(len(records), 1),
         iterations=len(records),
         weights=weights,
-        weight_format=getattr(target.model, "weight_format", "native"),
+        weight_format=target.model.kernels.weight_format,
         mode=cfg.mode.value,
         policy=policy.key,
         prompt_len=len(prompt_ids),
@@ -232,28 +228,15 @@ def generate(
         decode_s=decode_s,
         stop=stop,
         records=records,
-        temperature=cfg.temperature,
-        sample_top_k=cfg.sample_top_k,
-        sample_top_p=cfg.sample_top_p,
+        temperature=cfg.sampling.temperature,
+        sample_top_k=cfg.sampling.top_k,
+        sample_top_p=cfg.sampling.top_p,
     )
 
 
-def make_verifier(temperature: float = 0.0, sample_seed: int = 0, sample_top_k: int = 0,
-                  sample_top_p: float = 1.0) -> Verifier:
-    """Greedy at temperature 0, else lossless sampling at `temperature`, truncated to the top
-    sample_top_k tokens and the nucleus of mass sample_top_p (verify.py). Bad values: UserError
-    naming the CLI flag."""
-    if not math.isfinite(temperature) or temperature < 0:
-        raise UserError(f"--temperature must be a finite number >= 0 (0: greedy), got {temperature}")
-    try:
-        check_truncation(sample_top_k, sample_top_p)
-    except ValueError as e:
-        raise UserError(f"--sample-{e}") from None
-    if temperature == 0 and (sample_top_k != 0 or sample_top_p != 1):
-        raise UserError("--sample-top-k / --sample-top-p shape sampling: give --temperature > 0 too (0 is greedy)")
-    if temperature == 0:
-        return GreedyVerifier()
-    return SamplingVerifier(temperature, sample_seed, sample_top_k, sample_top_p)
+def make_verifier(sampling: SamplingParams) -> Verifier:
+    """Greedy at temperature 0, else lossless sampling as `sampling` says (verify.py)."""
+    return GreedyVerifier() if sampling.greedy else SamplingVerifier(sampling)
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,66 +305,73 @@ def check_device(device: str, dtype: str) -> None:
         raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """How `generate_from_checkpoints` loads the models and sizes their caches.
+
+    weights: "checkpoint" or "random" (at the checkpoint's shapes, seeded by `seed`; a distinct
+    draft gets seed + 1). weight_format: both models' GEMM weights, "native" or "fp8".
+    tree_growth: the draft's top-k ("auto": the device's default, `KernelConfig.resolve`).
+    max_len: the most KV-cache slots per model.
+    """
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    weights: str = "checkpoint"
+    seed: int = 0
+    weight_format: str = "native"
+    tree_growth: str = "auto"
+    max_len: int = 4096
+
+    def kernels(self) -> KernelConfig:
+        """The models' kernels (checked flags first: a bad one is a one-line UserError naming it)."""
+        check_device(self.device, self.dtype)
+        if self.weights not in ("checkpoint", "random"):
+            raise UserError(f"--weights must be checkpoint or random, got {self.weights!r}")
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weight_format!r}")
+        if self.tree_growth not in ("auto", *TREE_GROWTH_IMPLS):
+            raise UserError(f"--tree-growth must be one of auto, {', '.join(TREE_GROWTH_IMPLS)}, "
+                            f"got {self.tree_growth!r}")
+        return KernelConfig.resolve(self.device, weight_format=self.weight_format, tree_growth=self.tree_growth)
+
+
 def generate_from_checkpoints(
     target: str | Path,
     draft: str | Path | None = None,
     *,
+    prompt: str | Sequence[int],
     mode: Mode | str = Mode.autoregressive,
     policy: TreePolicy | None = None,
-    prompt: str | None = None,
-    prompt_ids: Sequence[int] | None = None,
     max_new_tokens: int = 32,
-    device: str = "cpu",
-    dtype: str = "float32",
-    weights: str = "checkpoint",
+    sampling: SamplingParams = GREEDY,
+    load: LoadOptions = LoadOptions(),
     eos: bool = True,
-    max_len: int = 4096,
     keep_subtree: bool = False,
-    seed: int = 0,
-    weight_format: str = "native",
-    tree_growth: str = "auto",
-    temperature: float = 0.0,
-    sample_seed: int = 0,
-    sample_top_k: int = 0,
-    sample_top_p: float = 1.0,
 ) -> GenerateResult:
     """Load the models, check the inputs, and run `generate` (the library side of the CLI).
-    weight_format: both models' GEMM weights ("native" or "fp8", `load_model`); tree_growth: the
-    draft's top-k (`tree.resolve_tree_growth`); temperature, sample_seed, sample_top_k, sample_top_p:
-    see `GenerateConfig`."""
-    from swiftspec.runtime.weights import load_model, load_tokenizer
 
+    prompt: text (needs the target's tokenizer) or token ids. eos: stop at the target's EOS ids
+    (`eos_ids_of`). keep_subtree: see `GenerateConfig`."""
     mode = Mode.parse(mode) if isinstance(mode, str) else mode
     policy = policy or make_policy(mode)
     policy.validate(mode)
-    check_device(device, dtype)
-    if weights not in ("checkpoint", "random"):
-        raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
+    kernels = load.kernels()
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    make_verifier(temperature, 0, sample_top_k, sample_top_p)  # bad sampling settings: refused before loading
-    if (prompt is None) == (prompt_ids is None):
-        raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     speculative = mode is not Mode.autoregressive
     if speculative and draft is None:
         raise UserError(f"{mode} mode needs a draft model: add --draft PATH")
 
-    from swiftspec.runtime.tree import TREE_GROWTH_CHOICES
-    from swiftspec.runtime.weights import WEIGHT_FORMATS
-
-    if weight_format not in WEIGHT_FORMATS:
-        raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
-    if tree_growth not in TREE_GROWTH_CHOICES:
-        raise UserError(f"--tree-growth must be one of {', '.join(TREE_GROWTH_CHOICES)}, got {tree_growth!r}")
-    torch_dtype = DTYPES[dtype]
-    tmodel = load_model(target, weights=weights, device=device, dtype=torch_dtype, seed=seed,
-                        weight_format=weight_format)  # fmt: skip
+    torch_dtype = DTYPES[load.dtype]
+    tmodel = load_model(target, weights=load.weights, device=load.device, dtype=torch_dtype, seed=load.seed,
+                        kernels=kernels)  # fmt: skip
     dmodel = None
     if speculative:
         # random weights: a draft named like the target is the target (a self-draft); else its own seed
-        dseed = seed if str(draft) == str(target) else seed + 1
-        dmodel = load_model(draft, weights=weights, device=device, dtype=torch_dtype, seed=dseed,
-                            weight_format=weight_format)  # fmt: skip
+        dseed = load.seed if str(draft) == str(target) else load.seed + 1
+        dmodel = load_model(draft, weights=load.weights, device=load.device, dtype=torch_dtype, seed=dseed,
+                            kernels=kernels)  # fmt: skip
     tokenizer = load_tokenizer(resolve_model_path(target))
     vocab = tmodel.spec.vocab
     if dmodel is not None and dmodel.spec.vocab != vocab:
@@ -393,12 +383,12 @@ def generate_from_checkpoints(
                 "pick a draft of the target's model family"
             )
 
-    if prompt is not None:
+    if isinstance(prompt, str):
         if tokenizer is None:
             raise UserError(f"{target} has no tokenizer: give the prompt as --prompt-ids 1,2,3")
         ids = list(tokenizer(prompt)["input_ids"])
     else:
-        ids = [int(x) for x in prompt_ids]
+        ids = [int(x) for x in prompt]
     if not ids:
         raise UserError("the prompt is empty: give at least one token")
     bad = [x for x in ids if not 0 <= x < vocab]
@@ -408,10 +398,10 @@ def generate_from_checkpoints(
         cache_slots(len(ids), max_new_tokens, policy, draft=False),
         cache_slots(len(ids), max_new_tokens, policy, draft=speculative),
     )
-    if need > max_len:
+    if need > load.max_len:
         raise UserError(
             f"prompt ({len(ids)} tokens) + --max-new-tokens {max_new_tokens} + tree room need {need} KV "
-            f"slots but the cache holds --max-len {max_len}: shorten the prompt or raise --max-len"
+            f"slots but the cache holds --max-len {load.max_len}: shorten the prompt or raise --max-len"
         )
 
     target_runner = ModelRunner(tmodel, cache_slots(len(ids), max_new_tokens, policy, draft=False))
@@ -421,7 +411,6 @@ def generate_from_checkpoints(
             dmodel,
             cache_slots(len(ids), max_new_tokens, policy, draft=True),
             vocab_limit=vocab if dmodel.spec.vocab > vocab else None,
-            tree_growth=tree_growth,
         )
     cfg = GenerateConfig(
         mode=mode,
@@ -429,9 +418,6 @@ def generate_from_checkpoints(
         max_new_tokens=max_new_tokens,
         eos_ids=eos_ids_of(target) if eos else (),
         keep_subtree=keep_subtree,
-        temperature=temperature,
-        sample_seed=sample_seed,
-        sample_top_k=sample_top_k,
-        sample_top_p=sample_top_p,
+        sampling=sampling,
     )
-    return generate(target_runner, draft_runner, ids, cfg, tokenizer=tokenizer, weights=weights)
+    return generate(target_runner, draft_runner, ids, cfg, tokenizer=tokenizer, weights=load.weights)

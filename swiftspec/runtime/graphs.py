@@ -1,7 +1,7 @@
 """CUDA graphs for `Transformer.forward` at fixed token counts ("buckets"); eager on CPU.
 
-A host step of eager PyTorch costs far more than the GPU work of a batch-1 decode step (DESIGN.md:
-7-11x), so on CUDA every forward is a graph replay. One graph per bucket size b (1, 2, 4, ... 256
+A host step of eager PyTorch costs far more than the GPU work of a batch-1 decode step (7-11x;
+docs/design.md), so on CUDA every forward is a graph replay. One graph per bucket size b (1, 2, 4, ... 256
 tokens); a call with T tokens replays the smallest bucket b >= T after copying the inputs into
 static buffers and padding rows T..b-1 with dummy tokens that write their K/V to the cache's
 scratch slot and attend only to tree slot 0 (never NaN, never visible to real tokens).
@@ -18,8 +18,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from swiftspec.kernels.topk import MAX_K, logsoftmax_topk_packed, unpack_topk
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.model import Transformer
+from swiftspec.runtime.tree import to_host
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -127,9 +129,6 @@ class GraphRunner:
         its top-k cut to k. None when the latest call ran eagerly or k > MAX_K: the caller then
         launches the kernel itself.
         """
-        from swiftspec.kernels.topk import MAX_K, logsoftmax_topk_packed, unpack_topk
-        from swiftspec.runtime.tree import to_host
-
         b = self.last_bucket
         vocab = self.outputs[b].shape[-1] if b is not None else 0
         vocab = min(vocab, vocab_limit) if vocab_limit is not None else vocab
@@ -179,7 +178,7 @@ class StaticInputs:
     Layout (bytes): tokens, positions, slots (bmax int64 each), prefix_len (one int64), then the
     tree mask (bmax, max_tree) bool. `stage` writes a call's inputs, padding rows included, into
     the host buffer with numpy and moves them with one host-to-device copy, instead of ~10 small
-    copies and fills: each costs host time on the step's critical path (DESIGN.md: host work).
+    copies and fills: each costs host time on the step's critical path (docs/design.md: host work).
     """
 
     def __init__(self, bmax: int, max_tree: int, scratch_slot: int, device: torch.device | str):

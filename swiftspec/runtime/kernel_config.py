@@ -80,7 +80,8 @@ class KernelConfig:
                 raise UserError(f"kernel setting {name} must be one of {', '.join(allowed)}, got {value!r}")
         needs_linear = [n for n in ("fold_norm", "swiglu", "rope") if getattr(self, n)]
         if needs_linear and self.linear != "triton":
-            raise UserError(f"{', '.join(needs_linear)} need linear 'triton' (the skinny linear runs them)")
+            verb = "needs" if len(needs_linear) == 1 else "need"
+            raise UserError(f"{', '.join(needs_linear)} {verb} linear 'triton' (the skinny linear runs it)")
         if self.fold_norm and self.weight_format != "native":
             raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
         if self.attention_ws_rows and self.attention != "triton":
@@ -88,7 +89,8 @@ class KernelConfig:
 
     @classmethod
     def resolve(cls, device: str | torch.device, *, weight_format: str = "native", tp_size: int = 1,
-                capability: tuple[int, int] | None = None, **choices: str) -> KernelConfig:
+                capability: tuple[int, int] | None = None,
+                **choices: str | int | bool | None) -> KernelConfig:
         """The runtime's kernels on `device` for `weight_format` at TP degree `tp_size`.
 
         capability: the GPU's compute capability (None: asked of the GPU, or `DEFAULT_CAPABILITY`
@@ -147,10 +149,13 @@ def _capability(device: str | torch.device) -> tuple[int, int]:
 
 
 def profile_settings(device: str | torch.device, weight_format: str = "native",
-                     capability: tuple[int, int] | None = None) -> dict[str, str]:
-    """The runtime's default kernels on `device` as a profile's meta.json records them. A profile
-    spans TP degrees, so fold_norm (on at TP 1 only) is recorded as "tp1" where it is on there."""
-    settings = KernelConfig.resolve(device, weight_format=weight_format, capability=capability).settings()
+                     capability: tuple[int, int] | None = None,
+                     **choices: str | int | bool | None) -> dict[str, str]:
+    """The runtime's kernels on `device` (its defaults, or `choices` as `KernelConfig.resolve`
+    takes them) as a profile's meta.json records them. A profile spans TP degrees, so fold_norm
+    (on at TP 1 only) is recorded as "tp1" where it is on there."""
+    config = KernelConfig.resolve(device, weight_format=weight_format, capability=capability, **choices)
+    settings = config.settings()
     if settings["fold_norm"] == "on":
         settings["fold_norm"] = "tp1"
     return settings

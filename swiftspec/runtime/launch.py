@@ -1,5 +1,8 @@
 """Process launcher of `swiftspec run`: one process per GPU (or CPU rank), and a watchdog.
 
+`swiftspec.run.run_plan` turns a plan into a `Job` (plain inputs: token ids, rank paths);
+`run_job` runs it here and returns what rank 0 gathered.
+
 Two ways in:
   * `launch(job)` spawns the ranks itself (torch.multiprocessing, "spawn"), on one host;
   * under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) every process
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import json
 import os
 import pickle
 import shutil
@@ -30,14 +34,17 @@ import sys
 import tempfile
 import time
 import traceback
+from importlib import resources
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from swiftspec.runtime.engine import Ctx, Job, run_worker
-from swiftspec.runtime.generate import make_verifier
+from swiftspec.runtime.engine import Ctx, Job, Task, run_worker
 from swiftspec.runtime.groups import Layout, make_groups
+from swiftspec.runtime.weights import load_tokenizer
+from swiftspec.spec import Mode, Plan, Profile, TreePolicy, UserError, resolve_model_path
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
 
@@ -126,8 +133,6 @@ def launch(job: Job, on_start=None) -> list[dict]:
     on_start(pids): called once the workers are started (tests use it to check for orphans).
     Raises RunFailed when a worker fails or the run stalls for `job.timeout_s` seconds.
     """
-    import torch.multiprocessing as mp
-
     layout = Layout.from_split(job.split, job.device, torch.cuda.device_count() if job.device == "cuda" else 0)
     world = layout.world
     ctx = mp.get_context("spawn")
@@ -197,8 +202,6 @@ def torchrun_env() -> dict | None:
 
 def run_torchrun(job: Job) -> list[dict] | None:
     """Run this process's rank under torchrun. Rank 0 returns the results, the others None."""
-    from swiftspec.spec import UserError
-
     env = torchrun_env()
     assert env is not None
     layout = Layout.from_split(job.split, job.device)
@@ -212,7 +215,7 @@ def run_torchrun(job: Job) -> list[dict] | None:
 
 
 # --------------------------------------------------------------------------------------------
-# `swiftspec run --plan`: from a plan to a RunLog
+# a plan's inputs: prompts, tasks, weight format
 
 
 BUILTIN_PROMPTS = ("chat", "code", "math", "summarisation")
@@ -225,12 +228,6 @@ def load_prompts(spec: str, target: str, vocab: int, n: int) -> tuple[list[list[
     with {"prompt": text} or {"ids": [...]} per line, or plain text with one prompt per line.
     Without a tokenizer (bundled model names, random weights) text becomes byte ids mod vocab.
     """
-    import json
-    from importlib import resources
-
-    from swiftspec.runtime.weights import load_tokenizer
-    from swiftspec.spec import UserError, resolve_model_path
-
     items: list = []
     if spec == "builtin":
         sets = []
@@ -273,11 +270,8 @@ def load_prompts(spec: str, target: str, vocab: int, n: int) -> tuple[list[list[
     return out, how
 
 
-def tasks_for(plan, modes: list[str] | None) -> list:
+def tasks_for(plan: Plan, modes: list[str] | None) -> list[Task]:
     """The plan's mode first, then the baselines (default: serial and autoregressive)."""
-    from swiftspec.runtime.engine import Task
-    from swiftspec.spec import Mode, TreePolicy, UserError
-
     wanted = [Mode.parse(m) for m in modes] if modes else [plan.mode, Mode.serial, Mode.autoregressive]
     tasks = []
     for m in dict.fromkeys(wanted):
@@ -294,70 +288,10 @@ def tasks_for(plan, modes: list[str] | None) -> list:
     return tasks
 
 
-def _baseline_predictions(plan, tasks, layout: Layout, acceptance_path: str | None, prompts: list[list[int]] | None = None,
-                          max_new_tokens: int | None = None, paths: list[list[int]] | None = None,
-                          seed: int = 0) -> dict[str, dict]:
-    """Predictions per task, made for the run's own workload when it is given.
-
-    With `prompts`: every task is re-simulated on the run's workload (its prompts' lengths,
-    `max_new_tokens`, and the rank paths the synthetic verifier replays, or, measuring acceptance,
-    the acceptance profile's paths for as many requests with `seed`), so the error measures
-    latency modelling, not the difference between the plan's workload and the run's. The plan's
-    own figure is kept beside it as `plan_tokens_per_s_mean` / `plan_mean_accepted`. Without, or
-    when the simulator cannot time a task: the plan's prediction for its own mode.
-    """
-    import dataclasses
-
-    from swiftspec.spec import Mode, Split
-
-    preds: dict[str, dict] = {}
-    inputs = None
-    for t in tasks:
-        own = t.mode is plan.mode and t.policy == plan.policy and plan.prediction is not None
-        if own:
-            preds[t.label] = plan.prediction.to_dict()
-        if own and prompts is None:
-            continue
-        try:
-            from swiftspec.sim.acceptance import AcceptanceModel
-            from swiftspec.sim.latency import LatencyModel
-            from swiftspec.sim.predict_run import predict_run
-            from swiftspec.sim.search import load_inputs, predict_plan
-
-            if inputs is None:
-                prof = plan.profile.path if plan.profile and not plan.profile.path.startswith("builtin") else None
-                acc = acceptance_path or (plan.acceptance.path if plan.acceptance and
-                                          not plan.acceptance.path.startswith("builtin") else None)
-                inputs = load_inputs(plan.target, plan.draft, prof, acc, plan.device)
-            if t.mode is plan.mode:
-                split = plan.split
-            else:
-                split = Split.shared(len(layout.colocated), with_draft=t.mode is not Mode.autoregressive)
-            if prompts is None:
-                p = dataclasses.replace(plan, mode=t.mode, split=split, policy=t.policy)
-                preds[t.label] = predict_plan(p, inputs).summary.to_prediction().to_dict()
-                continue
-            acc_model = AcceptanceModel(inputs.acceptance)
-            run_paths = paths or [list(x) for x in acc_model.request_paths(len(prompts), max_new_tokens + 64, seed)]
-            res = predict_run(LatencyModel(inputs.profile), acc_model, inputs.target, inputs.draft, split, t.mode,
-                              t.policy, [len(x) for x in prompts], max_new_tokens, run_paths, plan.gpus_per_node)
-            d = res.summary.to_prediction().to_dict()
-            if own:
-                d["plan_tokens_per_s_mean"] = plan.prediction.tokens_per_s_mean
-                d["plan_mean_accepted"] = plan.prediction.mean_accepted
-            d["workload"] = "run"
-            preds[t.label] = d
-        except Exception:  # noqa: BLE001 -- a task without a prediction is shown as "-"
-            continue
-    return preds
-
-
-def plan_weight_format(plan) -> str:
+def plan_weight_format(plan: Plan) -> str:
     """The GEMM weight format the plan was predicted for: its profile's (meta `weight_format`), so
     a plan made on an fp8 profile runs fp8 models. "native" when the plan names no profile or its
     profile is not on this machine (then `run` has no prediction to match either)."""
-    from swiftspec.spec import Profile, UserError
-
     if plan.profile is None:
         return "native"
     try:
@@ -366,138 +300,9 @@ def plan_weight_format(plan) -> str:
         return "native"
 
 
-def run_plan(
-    plan_path: str | Path,
-    *,
-    prompts: str = "builtin",
-    num_prompts: int = 8,
-    max_new_tokens: int = 64,
-    device: str | None = None,
-    dtype: str | None = None,
-    weights: str = "checkpoint",
-    acceptance: str | None = None,
-    modes: list[str] | None = None,
-    timeout_s: float = 300.0,
-    seed: int = 0,
-    tasks: list | None = None,
-    on_start=None,
-    temperature: float = 0.0,
-    sample_seed: int = 0,
-    sample_top_k: int = 0,
-    sample_top_p: float = 1.0,
-):
-    """Run a plan (and its baselines) and return its RunLog (rank 0; None on other torchrun ranks).
-
-    weights "random" replays an acceptance profile (`acceptance`, else the plan's, else the
-    bundled default): `acceptance: synthetic (...)`. Checkpoint weights measure acceptance unless
-    `acceptance` is given. temperature > 0 samples the target (`Job.temperature`, truncated by
-    sample_top_k / sample_top_p); it needs measured acceptance, since a replayed rank path decides the
-    tokens itself.
-    """
-    import pandas as pd
-
-    from swiftspec.files import run_metadata
-    from swiftspec.runtime.runlog import RunLog
-    from swiftspec.runtime.synthetic import rank_logprobs, rank_paths
-    from swiftspec.spec import AcceptanceProfile, ModelSpec, Plan, UserError
-
-    plan = Plan.load(plan_path)
-    device = device or plan.device
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"unknown device {device!r}: choose cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
-    dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
-    if weights not in ("checkpoint", "random"):
-        raise UserError(f"--weights must be checkpoint or random, got {weights!r}")
-    if max_new_tokens < 1 or num_prompts < 1 or timeout_s <= 0:
-        raise UserError("--max-new-tokens, --num-prompts and --timeout must be positive")
-    make_verifier(temperature, 0, sample_top_k, sample_top_p)  # bad sampling settings: one line, before any start
-    if temperature > 0 and (weights == "random" or acceptance is not None):
-        raise UserError("--temperature needs measured acceptance (--weights checkpoint, no --acceptance): "
-                        "with synthetic acceptance the replayed rank paths choose the tokens")
-    plan = Plan.from_dict({**plan.to_dict(), "device": device})
-    tasks = tasks or tasks_for(plan, modes)
-    tspec = ModelSpec.from_config(plan.target)
-    if plan.draft and ModelSpec.from_config(plan.draft).vocab < tspec.vocab:
-        raise UserError(f"the draft's vocabulary is smaller than the target's ({plan.draft} vs {plan.target})")
-    ids, how = load_prompts(prompts, plan.target, tspec.vocab, num_prompts)
-
-    acc_label, paths, acc_path, logq = "measured", None, None, None
-    if weights == "random" or acceptance is not None:
-        if acceptance is not None:
-            acc_path = acceptance
-        elif plan.acceptance is not None and Path(plan.acceptance.path).is_file():
-            acc_path = plan.acceptance.path
-        if acc_path is not None:
-            prof = AcceptanceProfile.load(acc_path)
-        else:
-            from swiftspec.sim.acceptance import default_acceptance
-
-            prof, _ = default_acceptance()
-        acc_label = prof.label if prof.synthetic else f"synthetic (replay of measured {Path(acc_path).name})"
-        paths = rank_paths(prof, len(ids), max_new_tokens + 64, seed)
-        logq = rank_logprobs(prof)
-
-    weight_format = plan_weight_format(plan)
-    job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
-              max_new_tokens=max_new_tokens, device=device, dtype=dtype, weights=weights, seed=seed,
-              rank_paths=paths, timeout_s=timeout_s, rank_logprobs=logq, weight_format=weight_format,
-              temperature=temperature, sample_seed=sample_seed, sample_top_k=sample_top_k,
-              sample_top_p=sample_top_p)  # fmt: skip
-    layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
+def run_job(job: Job, on_start=None) -> list[dict] | None:
+    """Run `job`: under torchrun this process's rank (rank 0 returns the results, the others
+    None), else every rank spawned here (`launch`)."""
     if torchrun_env() is not None:
-        results = run_torchrun(job)
-        if results is None:
-            return None
-    else:
-        results = launch(job, on_start=on_start)
-    iters = pd.DataFrame([r for res in results for r in res["rows"]])
-    prs = pd.DataFrame([r for res in results for r in res["prompts"]])
-    meta = {**run_metadata(device), "plan": plan.to_dict(), "plan_path": str(plan_path), "weights": weights,
-            "weight_format": weight_format, "temperature": temperature, "sample_seed": sample_seed,
-            "sample_top_k": sample_top_k, "sample_top_p": sample_top_p, "acceptance": acc_label, "device": device,
-            "dtype": dtype, "prompts": prompts,
-            "tokenized_with": how, "max_new_tokens": max_new_tokens, "colocated_ranks": len(layout.colocated),
-            "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world}
-    return RunLog(iters, prs, meta, _baseline_predictions(plan, tasks, layout, acc_path, ids, max_new_tokens, paths,
-                                                         seed))
-
-
-def format_report(log) -> str:
-    """What `swiftspec run` prints: the labels, then measured vs predicted per task."""
-    m = log.meta
-    plan = m["plan"]
-    split = plan["split"]
-    unit = "CPU ranks" if m["device"] == "cpu" else "GPUs"
-    lines = [
-        f"plan: {m['plan_path']} ({plan['mode']}; draft {len(split['draft_gpus'])} / target "
-        f"{len(split['target_gpus'])} {unit}; baselines on {m['colocated_ranks']} {unit})",
-        f"weights: {m['weights']}{'' if m.get('weight_format', 'native') == 'native' else ', ' + m['weight_format']}"
-        f"   acceptance: {m['acceptance']}   device: {m['device']} ({m['dtype']})",
-        f"prompts: {m['prompts']} ({len(log.prompts) and log.prompts['prompt'].nunique()}, {m['tokenized_with']}), "
-        f"{m['max_new_tokens']} new tokens each",
-    ]
-    if any(isinstance(p, dict) and p.get("workload") == "run" for p in log.predictions.values()):
-        lines.append("predicted: re-simulated for this run's workload (its prompts, length and rank paths)")
-    if m.get("temperature", 0) > 0:
-        cut = "".join(f", {name} {m[k]:g}" for k, name, off in (("sample_top_k", "top-k", 0),
-                                                                  ("sample_top_p", "top-p", 1)) if m.get(k, off) != off)
-        lines.append(f"sampling: temperature {m['temperature']:g}{cut}, seed {m['sample_seed']} + prompt index (the "
-                     "predictions use the plan's acceptance profile: plan on one measured with these settings, "
-                     "`profile acceptance --temperature" + (" --sample-top-k/-p" if cut else "") + "`)")
-    if m.get("shared_devices"):
-        lines.append("note: ranks share a GPU (gloo link, no NCCL): correctness and host-side timing only")
-    s = log.summary()
-
-    def f(x, fmt="{:.1f}"):
-        return "-" if x is None or x != x else fmt.format(x)
-
-    table = [(r.task, f(r.tokens_per_s_mean), f(r.tokens_per_s_p50), f(r.tokens_per_s_p95), f(r.mean_accepted, "{:.2f}"),
-              f(r.iteration_ms, "{:.2f}"), f(r.predicted_tokens_per_s), f(r.error_pct, "{:+.1f}%"),
-              f(r.predicted_mean_accepted, "{:.2f}")) for r in s.itertuples()]
-    head = ("task", "tok/s mean", "p50", "p95", "accepted", "iter ms", "predicted tok/s", "error", "pred. accepted")
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
-    for row in (head, *table):
-        lines.append("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(row, widths))))
-    return "\n".join(lines)
+        return run_torchrun(job)
+    return launch(job, on_start=on_start)

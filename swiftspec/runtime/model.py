@@ -23,6 +23,7 @@ can be captured in a CUDA graph (`graphs.GraphRunner`).
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -30,15 +31,36 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from swiftspec.kernels.gemv import (
+    MAX_ROWS,
+    MAX_ROWS_DOT,
+    MAX_ROWS_FP8,
+    Epilogue,
+    RopeKV,
+    fold_norm_weight,
+    gemv,
+    quantize_fp8,
+)
+from swiftspec.kernels.pdl import pdl_available
+from swiftspec.kernels.reference import apply_rope, rms_norm, silu_mul
+from swiftspec.kernels.rmsnorm import add_rmsnorm
+from swiftspec.kernels.rope_kv import rope_kv
+from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel
+from swiftspec.kernels.tree_attention import (
+    TreeAttentionLaunch,
+    TreeAttentionWorkspace,
+    pack_tree_mask,
+    tree_attention,
+)
+from swiftspec.kernels.tree_attention_ws import GLUON_ERROR, check_ws, tree_attention_ws
 from swiftspec.runtime.attention import tree_attention_ref
+from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.spec import ModelSpec, Shard, UserError
 
-ATTENTION_IMPLS = ("torch", "ref", "triton")
-ATTENTION_COMBINE = "separate"  # tree attention's default split merge (benchmarks/KERNELS.md, 2026-12-03)
-FUSION_MODES = ("off", "compile", "triton")
 FP8 = torch.float8_e4m3fn  # weight-only fp8 GEMM weights (kernels.gemv)
-LINEAR_IMPLS = ("torch", "triton")
+# The kernels' `pdl=` argument for each `KernelConfig.pdl` mode (`kernels.pdl.pdl_mode`).
+_PDL_ARG = {"off": False, "early": True, "late": "late", "early-nopeel": "early-nopeel"}
 
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
@@ -64,26 +86,6 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
         medium = ~(wavelen < old_len / hi) * ~(wavelen > old_len / lo)
         return torch.where(medium, smoothed, scaled)
     raise UserError(f"{spec.name}: RoPE scaling {kind!r} is not supported (supported: default, linear, llama3)")
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as Hugging Face computes it: statistics in float32, cast back, then scale."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (T, H, D); cos, sin: (T, D). Rotate-half convention (HF Llama)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
-
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """(T, 2F) fused gate|up projection -> silu(gate) * up, (T, F)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def attention_mask(prefix_len: torch.Tensor, tree_mask: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -114,13 +116,9 @@ def sdpa_tree_attention(
     return out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
 
 
-def check_fold_norm(weight_format: str, linear: str | None = None) -> None:
-    """Refuse a norm fold the model cannot run: folding fp8 weights would re-quantize them, and the
-    norm runs inside the skinny linear (linear None: the weights are folded, nothing runs yet)."""
-    if linear is not None and linear != "triton":
-        raise UserError("fold_norm needs linear 'triton' (the skinny linear applies the norm)")
-    if weight_format != "native":
-        raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
+def _epilogue(act: str | None, rope: RopeKV | None) -> Epilogue | None:
+    """The skinny linear's epilogue for an activation and/or RoPE (None: a plain product)."""
+    return None if act is None and rope is None else Epilogue(act=act, rope=rope)
 
 
 class Layer(nn.Module):
@@ -149,6 +147,9 @@ class Transformer(nn.Module):
     """Llama / Qwen2 decoder for one TP rank (see the module docstring for the weight layout).
 
     Build it with `weights.load_model`; `Transformer(spec, ...)` alone holds zero weights.
+    `kernels` (kept as `model.kernels`) says how every op runs (`KernelConfig`); it is read once here.
+    With `kernels.fold_norm`, call `fold_norms` once the weights are filled: until then the norms
+    run on their own, so the model is correct at every point.
     """
 
     def __init__(
@@ -160,8 +161,7 @@ class Transformer(nn.Module):
         group: dist.ProcessGroup | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-        attention: str = "torch",
-        weight_format: str = "native",
+        kernels: KernelConfig = KernelConfig(),  # noqa: B008 - frozen, so one shared default is safe
     ):
         super().__init__()
         if spec.architecture not in ("llama", "qwen2"):
@@ -169,6 +169,7 @@ class Transformer(nn.Module):
         self.spec, self.tp_rank, self.tp_size, self.group = spec, tp_rank, tp_size, group
         self.shard = spec.shard(tp_size)
         self.device, self.dtype = torch.device(device), dtype
+        weight_format = kernels.weight_format
         z = dict(device=device, dtype=dtype)
         self.embed = nn.Parameter(torch.zeros(spec.vocab, spec.hidden, **z), requires_grad=False)
         # "fp8": the GEMM weights (qkv, o, gate/up, down, LM head) in float8 e4m3 with a scale per
@@ -186,59 +187,63 @@ class Transformer(nn.Module):
         self.lm_head_scale: torch.Tensor | None = None
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
         self.scale = spec.head_dim**-0.5
-        self.set_attention(attention)
-        self.set_fusion("off")  # load_model picks the device default ("triton" on CUDA)
         self._norms_folded = False  # `fold_norms`
-        self.set_linear("torch")
-        self.set_pdl(False)
+        self._configure(kernels)
 
-    def set_linear(self, impl: str, max_rows: int | None = None, fold_norm: bool = False,
-                   swiglu: bool = False, rope: bool = False) -> None:
-        """How the GEMMs run: "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny-linear
-        kernel `swiftspec.kernels.gemv` for forwards of at most `max_rows` tokens (a pure weight
-        stream; default `gemv.MAX_ROWS`, 16, the rows it was measured at; up to `gemv.MAX_ROWS_DOT`
-        for A/B runs), `F.linear` above that. fp8 weights take it for every forward up to
-        `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a captured graph holds one.
-        fold_norm (linear "triton", fusion "triton", native weights; `load_model` turns it on
-        there at TP 1 by default, `weights.resolve_fold_norm`): where the skinny linear runs, the
-        residual add + RMSNorm before the qkv, gate/up and LM-head GEMMs happens inside that
-        GEMM's launch (`gemv(rms_eps=...)`), one launch fewer each. It first folds every RMSNorm
-        weight into the GEMM after it (`fold_norms`), for good.
-        swiglu (linear "triton", fusion "triton"): where the skinny linear runs the gate/up GEMM,
-        silu(gate) * up happens in its epilogue (`gemv(act="swiglu")`), one launch fewer per layer.
-        rope (linear "triton", fusion "triton"; `load_model` turns it on there, `weights.resolve_rope`): likewise
-        RoPE + the KV-cache write in the qkv GEMM's epilogue (`gemv(rope=...)`) instead of `rope_kv`'s
-        launch (H200, paired, on top of swiglu: Llama-3.2-1B steps 1.2-2.5 % faster, Llama-3-8B 0.3-0.8 %)."""
-        if impl not in LINEAR_IMPLS:
-            raise UserError(f"linear must be one of {', '.join(LINEAR_IMPLS)}, got {impl!r}")
-        if fold_norm:
-            check_fold_norm(self.weight_format, impl)
+    def _configure(self, kernels: KernelConfig) -> None:
+        """Set up every op as `kernels` says (once per model: `__init__`, `with_kernels`)."""
+        self.kernels = kernels
+        self._init_attention(kernels)
+        self._init_fusion(kernels.fusion)
+        # the split merge of the Triton tree attention; fusion "triton" shares one counter workspace
+        self._attn_launch = TreeAttentionLaunch(combine=kernels.attention_combine, workspace=self._workspace)
+        self._init_linear(kernels)
+        self.pdl = _PDL_ARG[kernels.pdl]  # the kernels' `pdl=` argument
+        if self.pdl and not pdl_available(self.device):
+            raise UserError(f"pdl needs a CUDA GPU of compute capability >= 9.0 (model on {self.device})")
+
+    def with_kernels(self, kernels: KernelConfig) -> Transformer:
+        """This model's weights (shared, not copied) run by other kernels: A/B runs over one set of
+        weights. The weight format must be this model's, and fold_norm needs the norms folded
+        already (`fold_norms`: folding the shared weights would change this model's norms too)."""
+        if kernels.weight_format != self.weight_format:
+            raise UserError(f"with_kernels keeps the {self.weight_format} weights, got weight_format "
+                            f"{kernels.weight_format!r}")
+        if kernels.fold_norm and not self._norms_folded:
+            raise UserError("with_kernels(fold_norm) needs the norms folded first (`fold_norms`)")
+        other = copy.copy(self)
+        for name in ("_parameters", "_buffers", "_modules"):  # the containers, not the tensors
+            setattr(other, name, dict(getattr(self, name)))
+        other._configure(kernels)
+        return other
+
+    def _init_linear(self, kernels: KernelConfig) -> None:
+        """How the GEMMs run: linear "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny
+        linear `kernels.gemv` (a pure weight stream) for forwards of at most `linear_max_rows` tokens
+        (default `gemv.MAX_ROWS`; up to `gemv.MAX_ROWS_DOT`), `F.linear` above that; fp8 weights take
+        it for every forward up to `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a
+        captured graph holds one. Where the skinny linear runs, its epilogues save a launch each:
+        fold_norm the residual add + RMSNorm before the qkv, gate/up and LM-head GEMMs (once
+        `fold_norms` has folded the norm weights into them), swiglu silu(gate) * up after gate/up,
+        rope RoPE + the KV-cache write after qkv."""
         self._gemv, self._gemv_rows, self._gemv_fp8_rows = None, 0, 0
-        if impl == "triton":
-            try:
-                from swiftspec.kernels.gemv import MAX_ROWS, MAX_ROWS_DOT, MAX_ROWS_FP8, gemv
-            except ImportError as e:
-                raise UserError(f"the triton linear is not available ({e}); use linear 'torch'") from None
-            rows = MAX_ROWS if max_rows is None else max_rows
+        if kernels.linear == "triton":
+            rows = MAX_ROWS if kernels.linear_max_rows is None else kernels.linear_max_rows
             if not 1 <= rows <= MAX_ROWS_DOT:
-                raise UserError(f"max_rows must be in 1..{MAX_ROWS_DOT}, got {rows}")
+                raise UserError(f"linear_max_rows must be in 1..{MAX_ROWS_DOT}, got {rows}")
             self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, rows, MAX_ROWS_FP8
-            if fold_norm:
-                self.fold_norms()
-        self.linear, self.fold_norm = impl, bool(fold_norm)
-        self.swiglu, self.rope = bool(swiglu) and impl == "triton", bool(rope) and impl == "triton"
 
     def fold_norms(self) -> None:
         """Fold each RMSNorm's weight into the GEMM that consumes its output (W · diag(g): attn_norm
         into wqkv, mlp_norm into w13, the final norm into the LM head) and set the norm weights to
         ones: the same model up to one rounding per weight, whose norms can then run inside the GEMM
-        (`gemv(rms_eps=...)`). Idempotent; call after the weights are loaded. A tied LM head gets
-        its own copy (vocab × hidden more memory). Native weights only (fp8 weights are quantized)."""
+        (`Epilogue.rms_eps`, with `kernels.fold_norm`). Idempotent; `load_model` calls it after the
+        weights are filled. A tied LM head gets its own copy (vocab × hidden more memory). Native
+        weights only (folding fp8 weights would re-quantize them)."""
         if self._norms_folded:
             return
-        check_fold_norm(self.weight_format)
-        from swiftspec.kernels.gemv import fold_norm_weight
-
+        if self.weight_format != "native":
+            raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
         for layer in self.layers:
             for w, g in ((layer.wqkv, layer.attn_norm), (layer.w13, layer.mlp_norm)):
                 w.copy_(fold_norm_weight(w, g))
@@ -261,8 +266,6 @@ class Transformer(nn.Module):
         if self.weight_format != "fp8":
             getattr(owner, name).copy_(w)
             return
-        from swiftspec.kernels.gemv import quantize_fp8
-
         amax = None
         if name in ("wo", "w2") and self.tp_size > 1 and self.group is not None:
             amax = w.float().abs().amax(dim=1)
@@ -274,16 +277,16 @@ class Transformer(nn.Module):
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
              scale: torch.Tensor | None = None, act: str | None = None, rope=None) -> torch.Tensor:
-        """x (T, K) @ w (N, K).T + b -> (T, N) by the chosen impl (`set_linear`); `scale` (N,):
+        """x (T, K) @ w (N, K).T + b -> (T, N) by the configured linear (`_init_linear`); `scale` (N,):
         w is fp8 (`set_gemm_weight`): the fp8 skinny linear with linear "triton", else the
         dequantized weight w * scale (the reference path): per call on a GPU, where a second copy
         would undo the bytes fp8 saves; kept after the first call on the CPU, where the per-call
-        e4m3 conversion made real-model runs 4.5x slower than native (profile acceptance,
-        SmolLM2-135M) and host memory is cheap. act, rope: `gemv`'s epilogues, only where the
-        skinny linear runs (`_gemv_runs`)."""
+        e4m3 conversion makes real-model runs several times slower than native and host memory
+        is cheap. act, rope: `gemv`'s epilogues, only where the skinny linear runs (`_gemv_runs`)."""
         if scale is not None:
             if self._gemv_runs(x.shape[0], scale):
-                return self._gemv(x.contiguous(), w, b, scale=scale, kind="dot", pdl=self.pdl, act=act, rope=rope)
+                return self._gemv(x.contiguous(), w, b, scale=scale, kind="dot", pdl=self.pdl,
+                                  epilogue=_epilogue(act, rope))
             if w.device.type != "cpu":
                 return F.linear(x, w.to(x.dtype) * scale[:, None].to(x.dtype), b)
             key = (w.data_ptr(), x.dtype)
@@ -291,8 +294,8 @@ class Transformer(nn.Module):
                 self._dequantized[key] = w.to(x.dtype) * scale[:, None].to(x.dtype)
             return F.linear(x, self._dequantized[key], b)
         if self._gemv_runs(x.shape[0], scale):
-            # the faster kind at 1-16 rows (bench_gemv)
-            return self._gemv(x.contiguous(), w, b, kind="dot", pdl=self.pdl, act=act, rope=rope)
+            # the faster kind at 1-16 rows (docs/decisions.md)
+            return self._gemv(x.contiguous(), w, b, kind="dot", pdl=self.pdl, epilogue=_epilogue(act, rope))
         if act is not None or rope is not None:
             raise ValueError(f"gemv's epilogues need the skinny linear ({x.shape[0]} rows go to F.linear)")
         return F.linear(x, w, b)
@@ -302,37 +305,12 @@ class Transformer(nn.Module):
         `scale` given)."""
         return self._gemv is not None and rows <= (self._gemv_rows if scale is None else self._gemv_fp8_rows)
 
-    def set_pdl(self, on: bool | str) -> None:
-        """Launch the Triton kernels (fusion "triton", attention "triton", linear "triton") as
-        programmatic dependent launches, so each one's launch and ramp-up overlaps the tail of the
-        kernel before it (`swiftspec.kernels.pdl`). on: False / "off", True / "early" (the next
-        kernel launches once every program has started; "early-nopeel" the same without the skinny
-        linear's peeled first tile) or "late" (once every program's main loop is done). Needs a CUDA GPU of compute capability >= 9."""
-        from swiftspec.kernels.pdl import pdl_available, pdl_mode
-
-        try:
-            mode = pdl_mode(on)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        if mode == 0:
-            self.pdl = False
-            return
-        if not pdl_available(self.device):
-            raise UserError(f"pdl needs a CUDA GPU of compute capability >= 9.0 (model on {self.device})")
-        self.pdl = True if mode == 1 else on
-
-    def set_fusion(self, mode: str | bool) -> None:
-        """How the small per-layer ops run (a batch-1 step is launch-bound):
-
-        "off" (or False): plain eager ops, the reference. "compile" (or True): RMSNorm, RoPE and
-        silu*up through `torch.compile` (one fused kernel each instead of ~5-8 launches; CUDA).
-        "triton": `swiftspec.kernels` — residual add + RMSNorm, RoPE + KV-cache write, silu*up —
-        one launch each (4 per layer instead of ~30); runs on CPU under TRITON_INTERPRET=1.
-        """
-        mode = {False: "off", True: "compile"}.get(mode, mode) if isinstance(mode, bool) else mode
-        if mode not in FUSION_MODES:
-            raise UserError(f"fusion must be one of {', '.join(FUSION_MODES)}, got {mode!r}")
-        self.fusion, self.fused = mode, mode != "off"
+    def _init_fusion(self, mode: str) -> None:
+        """How the small per-layer ops run (a batch-1 step is launch-bound): "off" plain eager ops,
+        the reference; "compile" RMSNorm, RoPE and silu*up through `torch.compile` (one fused kernel
+        each instead of ~5-8 launches; CUDA); "triton" the `swiftspec.kernels` residual add + RMSNorm,
+        RoPE + KV-cache write and silu*up, one launch each (4 per layer instead of ~30; runs on CPU
+        under TRITON_INTERPRET=1)."""
         on = mode == "compile"
         # dynamic=None: the first token count is compiled static, the next ones share one kernel
         # with a symbolic length. dynamic=False compiled every graph bucket and prefill length
@@ -341,50 +319,24 @@ class Transformer(nn.Module):
         self._norm, self._rope, self._act = fuse(rms_norm), fuse(apply_rope), fuse(silu_mul)
         self._fused_ops = self._workspace = None
         if mode == "triton":
-            try:
-                from swiftspec.kernels.rmsnorm import add_rmsnorm
-                from swiftspec.kernels.rope_kv import rope_kv
-                from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel
-                from swiftspec.kernels.tree_attention import TreeAttentionWorkspace
-            except ImportError as e:
-                raise UserError(f"triton fusion is not available ({e}); use fusion 'off'") from None
             self._fused_ops = (add_rmsnorm, rope_kv, silu_mul_kernel)
             # split-KV combine counters shared by every layer: no memset launch per layer
             self._workspace = TreeAttentionWorkspace(self.device)
 
-    def set_attention(self, impl: str, combine: str = ATTENTION_COMBINE, max_block_m: int = 128,
-                      tma: bool | None = None, ws_rows: int = 0, ws_min_tokens: int = 0) -> None:
-        """"torch": SDPA with the mask built once per forward; "ref": `tree_attention_ref` per layer
-        (the contract, slow); "triton": `swiftspec.kernels.tree_attention.tree_attention`, whose
-        split-KV partials are merged by `combine` ("separate": a second launch, the default;
-        "kernel": inside the attention launch); max_block_m 64 keeps its tiles of before the
-        2026-12-03 tile sweep and tma=False its plain K/V loads (benchmarks' A/B runs).
-        ws_rows > 0 (with "triton"): forwards of at least ws_rows rows (tokens x group) per KV head
-        take the warp-specialized Gluon kernel (`kernels.tree_attention_ws`) where it can run (an
-        sm_90 GPU, bf16/fp16; `check_ws`), if they also have at least ws_min_tokens tokens;
-        `load_model` sets both (`weights.resolve_attention_ws`: on by default on sm_90 with native
-        weights)."""
-        if impl not in ATTENTION_IMPLS:
-            raise UserError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
-        if combine not in ("separate", "kernel"):
-            raise UserError(f"combine must be 'separate' or 'kernel', got {combine!r}")
-        self.attn_combine = combine
-        self.attn_max_block_m, self.attn_tma = max_block_m, tma
+    def _init_attention(self, kernels: KernelConfig) -> None:
+        """Tree attention: "torch" SDPA with the mask built once per forward; "ref"
+        `tree_attention_ref` per layer (the contract, slow); "triton" `kernels.tree_attention`, whose
+        split-KV partials are merged by `kernels.attention_combine`. With attention_ws_rows > 0,
+        forwards of at least that many rows (tokens x group) per KV head and attention_ws_min_tokens
+        tokens take the warp-specialized Gluon kernel (`kernels.tree_attention_ws`) where it can run
+        (an sm_90 GPU, bf16/fp16; `check_ws`)."""
         self._kernel = self._pack = self._ws_kernel = None
-        self.attn_ws_rows, self.attn_ws_min_tokens = ws_rows, ws_min_tokens
-        if impl == "triton" and ws_rows > 0:
-            from swiftspec.kernels.tree_attention_ws import GLUON_ERROR, check_ws, tree_attention_ws
-
+        if kernels.attention == "triton" and kernels.attention_ws_rows > 0:
             if GLUON_ERROR:
                 raise UserError(f"the warp-specialized attention needs Triton's Gluon ({GLUON_ERROR})")
             self._ws_kernel, self._ws_check = tree_attention_ws, check_ws
-        if impl == "triton":
-            try:
-                from swiftspec.kernels.tree_attention import pack_tree_mask, tree_attention
-            except ImportError as e:
-                raise UserError(f"triton tree attention is not available ({e}); use attention='torch'") from None
+        if kernels.attention == "triton":
             self._kernel, self._pack = tree_attention, pack_tree_mask
-        self.attention = impl
 
     def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size > 1:
@@ -431,7 +383,8 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         # per-step mask work done once, shared by every layer (plan once, run per layer)
-        allowed = attention_mask(prefix_len, tree_mask, cache.k.shape[2]) if self.attention == "torch" else None
+        sdpa = self.kernels.attention == "torch"
+        allowed = attention_mask(prefix_len, tree_mask, cache.k.shape[2]) if sdpa else None
         packed = self._pack(tree_mask, pdl=self.pdl) if self._pack is not None else None
         nq, nkv = sh.q_heads * hd, sh.kv_heads * hd
         x = self.embed[tokens]
@@ -459,15 +412,14 @@ class Transformer(nn.Module):
         """One layer's tree attention by the chosen impl: q (T, Hq, D) -> (T, Hq, D)."""
         if allowed is not None:
             return sdpa_tree_attention(q, kc, vc, allowed, self.scale)
-        if self._ws_kernel is not None and q.shape[0] * (q.shape[1] // kc.shape[0]) >= self.attn_ws_rows \
-                and q.shape[0] >= self.attn_ws_min_tokens and not self._ws_check(q, kc, vc):
+        ws_rows, ws_tokens = self.kernels.attention_ws_rows, self.kernels.attention_ws_min_tokens
+        if self._ws_kernel is not None and q.shape[0] * (q.shape[1] // kc.shape[0]) >= ws_rows \
+                and q.shape[0] >= ws_tokens and not self._ws_check(q, kc, vc):
             return self._ws_kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed,
                                    pdl=bool(self.pdl))
         if self._kernel is not None:
-            ws = {"workspace": self._workspace} if self._workspace is not None else {}
             return self._kernel(q, kc, vc, prefix_len, tree_mask, self.scale, packed_mask=packed, pdl=self.pdl,
-                                combine=self.attn_combine, max_block_m=self.attn_max_block_m, tma=self.attn_tma,
-                                **ws)
+                                launch=self._attn_launch)
         return tree_attention_ref(q, kc, vc, prefix_len, tree_mask, self.scale)
 
     def _layers_triton(self, x, cos, sin, cache, slots, prefix_len, tree_mask, allowed, packed):
@@ -478,13 +430,11 @@ class Transformer(nn.Module):
         the GEMM after it (`_norm_lin`). x: (T, hidden) embeddings -> (T, vocab_local) logits."""
         _, rope_kv, act = self._fused_ops
         spec, sh, t, pdl = self.spec, self.shard, x.shape[0], self.pdl
-        if self.rope:
-            from swiftspec.kernels.gemv import RopeKV
         nq = sh.q_heads * spec.head_dim
         res = None  # the residual stream; x: what the next norm adds to it
         for i, layer in enumerate(self.layers):
             kc, vc = cache.k[i], cache.v[i]
-            if self.rope and self._gemv_runs(t, layer.wqkv_scale):  # RoPE + KV write in the GEMM's epilogue
+            if self.kernels.rope and self._gemv_runs(t, layer.wqkv_scale):  # RoPE + KV write in the GEMM's epilogue
                 epi = RopeKV(cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads)
                 q, res = self._norm_lin(x, res, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wqkv_scale, rope=epi)
             else:
@@ -492,7 +442,7 @@ class Transformer(nn.Module):
                 q = rope_kv(qkv, cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads, pdl=pdl)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
             o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_scale))
-            if self.swiglu and self._gemv_runs(t, layer.w13_scale):  # silu * up in the GEMM's epilogue
+            if self.kernels.swiglu and self._gemv_runs(t, layer.w13_scale):  # silu * up in the GEMM's epilogue
                 up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_scale, act="swiglu")
             else:
                 gate_up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_scale)
@@ -506,11 +456,13 @@ class Transformer(nn.Module):
         where it runs (<= its rows; norm_w is then ones, folded into w), else add_rmsnorm then
         `_lin`. res None: x alone. act, rope: as `_lin`'s."""
         eps, pdl = self.spec.rms_eps, self.pdl
-        if self.fold_norm and scale is None and self._gemv_runs(x.shape[0], scale):
+        folded = self._norms_folded and self.kernels.fold_norm
+        if folded and scale is None and self._gemv_runs(x.shape[0], scale):
             x = x.contiguous()
             new_res = torch.empty_like(x) if res is not None else x
-            y = self._gemv(x, w, b, kind="dot", pdl=pdl, rms_eps=eps, residual=res,
-                           residual_out=new_res if res is not None else None, act=act, rope=rope)
+            epi = Epilogue(rms_eps=eps, residual=res, residual_out=new_res if res is not None else None, act=act,
+                           rope=rope)
+            y = self._gemv(x, w, b, kind="dot", pdl=pdl, epilogue=epi)
             return y, new_res
         h, new_res = self._fused_ops[0](x, res, norm_w, eps, pdl=pdl)
         return self._lin(h, w, b, scale, act=act, rope=rope), new_res

@@ -1,7 +1,7 @@
 """Synthetic acceptance: random weights at real shapes, accept decisions replayed from a profile.
 
 Random weights say nothing about acceptance, so a latency run replays an `AcceptanceProfile`'s
-*rank path* (tree.md, rank view): r_0, r_1, ... = the draft rank of the target's token at each
+*rank path*: r_0, r_1, ... = the draft rank of the target's token at each
 position (-1 = not among the draft's candidates). Everything else is real: the draft still grows
 its tree with its own (random) logits, the target still runs its verify forward and argmax, the
 messages and KV moves all happen. Only the walk down the tree reads ranks instead of comparing
@@ -21,13 +21,16 @@ prefix of every node's children in that order (a lower rank has a higher cum_log
 first), so "the child of rank r" is `children[n][r]` in the draft's tree and in the target's copy
 of the subtree alike.
 
-Outputs of such runs say `acceptance: synthetic (<profile label>)`.
+The rank paths are the simulator's own draws (`swiftspec.run.rank_paths`), handed to the runtime
+as plain lists, so a run and its prediction replay the same paths. Outputs of such runs say
+`acceptance: synthetic (<profile label>)`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from swiftspec.runtime.tree import DraftTree
@@ -37,20 +40,11 @@ from swiftspec.spec import AcceptanceProfile
 NOT_SYNTHETIC = -2  # bonus_rank of a measured (token-compared) verdict
 
 
-def rank_paths(profile: AcceptanceProfile, n: int, length: int, seed: int = 0) -> list[list[int]]:
-    """`n` rank paths of `length` positions, as the simulator draws them (same seed, same paths)."""
-    from swiftspec.sim.acceptance import AcceptanceModel
-
-    return [[int(r) for r in p] for p in AcceptanceModel(profile).request_paths(n, length, seed)]
-
-
 def rank_logprobs(profile: AcceptanceProfile) -> list[float]:
     """log q[rank] for every rank of the profile's `draft_prob_by_rank` (-inf where q = 0).
 
     Computed as the simulator does (`AcceptanceModel.child_logprobs`, numpy), bit for bit: cum_logprob
     ties are common (q geometric) and are broken by creation order only when the sums are equal."""
-    import numpy as np
-
     q = np.asarray(profile.draft_prob_by_rank, dtype=float)
     with np.errstate(divide="ignore"):
         return [float(x) for x in np.log(q)]

@@ -1,4 +1,4 @@
-"""The draft tree: growth, selection, masks and re-rooting (tree semantics of DESIGN.md).
+"""The draft tree: growth, selection, masks and re-rooting (tree semantics: docs/design.md).
 
 A `DraftTree` is plain host-side bookkeeping: it never runs a model. Node 0 is the root, the last
 verified token, whose KV neither model has yet. Node ids follow creation order, so a parent's id
@@ -19,12 +19,15 @@ One expansion, end to end (see `expand`):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from swiftspec.kernels.topk import MAX_K, logsoftmax_topk, logsoftmax_topk_packed, unpack_topk
+from swiftspec.runtime.kernel_config import TREE_GROWTH_IMPLS, KernelConfig
 from swiftspec.spec import TreePolicy
 
 #: forward(tokens, depths, slots, tree_mask) -> logits (T, vocab); the draft side's forward.
@@ -157,14 +160,18 @@ class DraftTree:
 
         logits: (len(batch), vocab), the draft's next-token logits at those nodes. Dynamic: `w`
         children each; static: as many as the topology gives the node, in rank order. top: how
-        the top-k reaches the host (default `top_logprobs_host`).
+        the top-k reaches the host (default `top_logprobs_host` with the device's default impl,
+        `KernelConfig.resolve(device).tree_growth`).
         """
         if self.static:
             counts = [len(self._topo_children(self.topo[n])) for n in batch]
         else:
             counts = [self.policy.w] * len(batch)
         k = min(max(counts), logits.shape[-1])
-        values, indices = (top or top_logprobs_host)(logits, k)  # one device sync per expansion
+        if top is None:
+            impl = KernelConfig.resolve(logits.device).tree_growth
+            top = functools.partial(top_logprobs_host, impl=impl)
+        values, indices = top(logits, k)  # one device sync per expansion
         rank_lp = self.rank_logprobs
         if rank_lp is not None and len(rank_lp) < k:
             raise ValueError(f"rank_logprobs has {len(rank_lp)} ranks, the tree grows {k} children per node")
@@ -243,47 +250,33 @@ class DraftTree:
         return tree, old_slots
 
 
-TREE_GROWTH_CHOICES = ("auto", "torch", "triton", "graph")
+def _kernel_topk(logits: torch.Tensor, impl: str) -> bool:
+    """Whether tree growth's top-k runs the Triton kernel: impl (`KernelConfig.tree_growth`)
+    "triton" (launched eagerly), or "graph" (the kernel captured per bucket, `GraphRunner`) on a
+    CUDA tensor; "torch" and "graph" elsewhere run `torch.topk`. The kernel needs unit-stride rows."""
+    if impl not in TREE_GROWTH_IMPLS:
+        raise ValueError(f"tree growth must be one of {', '.join(TREE_GROWTH_IMPLS)}, got {impl!r}")
+    return (impl == "triton" or (impl == "graph" and logits.is_cuda)) and logits.stride(-1) == 1
 
 
-def resolve_tree_growth(device: str | torch.device, impl: str = "auto") -> str:
-    """How tree growth's top-k runs on `device`: "torch"; "triton" (the kernel, launched eagerly);
-    "graph" (the kernel captured in a CUDA graph per bucket, replayed on the draft forward's
-    static logits: `GraphRunner.top_logprobs_host`; CUDA only, "torch" elsewhere); "auto" = triton
-    on CUDA (measured faster than torch, benchmarks/KERNELS.md "Tree growth"; "graph" is not
-    measured yet), torch elsewhere."""
-    if impl not in TREE_GROWTH_CHOICES:
-        raise ValueError(f"tree growth must be one of {', '.join(TREE_GROWTH_CHOICES)}, got {impl!r}")
-    cuda = torch.device(device).type == "cuda"
-    if impl == "auto":
-        return "triton" if cuda else "torch"
-    if impl == "graph" and not cuda:
-        return "torch"
-    return impl
-
-
-def top_logprobs(logits: torch.Tensor, k: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def top_logprobs(logits: torch.Tensor, k: int, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest log-probabilities of each row, largest first: (values (T, k) float32,
     indices (T, k) int64) of log_softmax(logits (T, V)). What tree growth runs after every draft
-    forward; impl: see `resolve_tree_growth` (the kernel takes k <= 64, torch any k)."""
-    if resolve_tree_growth(logits.device, impl) in ("triton", "graph") and logits.stride(-1) == 1:
-        from swiftspec.kernels.topk import MAX_K, logsoftmax_topk  # imports triton: only when used
-
+    forward; impl: one of `TREE_GROWTH_IMPLS` (`KernelConfig.tree_growth`; the kernel takes
+    k <= `topk.MAX_K`, torch any k)."""
+    if _kernel_topk(logits, impl):
         if k <= MAX_K:
             return logsoftmax_topk(logits, k)
     return torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
 
 
-def top_logprobs_host(logits: torch.Tensor, k: int, impl: str = "auto") -> tuple[list[list[float]], list[list[int]]]:
+def top_logprobs_host(logits: torch.Tensor, k: int, impl: str) -> tuple[list[list[float]], list[list[int]]]:
     """`top_logprobs` brought to the host as lists (values (T, k), indices (T, k)) with one
     device-to-host copy and one sync on CUDA: the kernel writes both into one buffer, copied
     non-blocking (into pinned memory) and then waited for, instead of two `.tolist()` calls (two
-    pageable copies, two syncs). Measured 0.5-4 µs faster on the H200: the two launches (~70 µs
-    of host time) dominate (benchmarks/KERNELS.md, "Sixth session")."""
+    pageable copies, two syncs; docs/decisions.md)."""
     t = logits.shape[0]
-    if resolve_tree_growth(logits.device, impl) in ("triton", "graph") and logits.stride(-1) == 1:
-        from swiftspec.kernels.topk import MAX_K, logsoftmax_topk_packed, unpack_topk
-
+    if _kernel_topk(logits, impl):
         if k <= MAX_K:
             (packed,) = to_host(logsoftmax_topk_packed(logits, k))
             values, indices = unpack_topk(packed.numpy(), t, k)

@@ -10,9 +10,10 @@ draw from the target's own distribution, so the output has the distribution of t
 sampling. The draws are by inverse CDF from one uniform per output position, from a seeded stream,
 so with the same seed the output equals target-only sampling (`mode autoregressive`) token for
 token, whatever the tree. top-k / top-p (nucleus) truncation reshapes the target's distribution
-before the draw, the same at every node in every mode, so the same holds for them. The draft's distribution is not needed: the trees here are grown
-deterministically (top-w children), and for a fixed child set the chance to continue,
-p(children), is the most any lossless rule can accept. (SpecInfer's residual resampling is for
+before the draw, the same at every node in every mode, so the same holds for them. The draft's
+distribution is not needed: the trees here are grown deterministically (top-w children), and
+for a fixed child set the chance to continue, p(children), is the most any lossless rule can
+accept. (SpecInfer's residual resampling is for
 children that were themselves sampled from the draft.)
 """
 
@@ -25,6 +26,7 @@ from typing import Protocol
 import torch
 
 from swiftspec.runtime.tree import DraftTree
+from swiftspec.spec import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -70,20 +72,19 @@ class GreedyVerifier:
 
 
 class SamplingVerifier:
-    """Sample the target at `temperature` (> 0) and walk the tree along the draws (module docstring).
+    """Sample the target as `sampling` says (temperature > 0) and walk the tree along the draws
+    (module docstring).
 
     Stateful: it counts the tokens its verdicts produced, so a node at depth k (root 0) is the
-    output position `produced + k` and takes that position's uniform from the seeded stream. Use
-    one verifier per generation."""
+    output position `produced + k` and takes that position's uniform from the stream seeded by
+    `sampling.seed`. Use one verifier per generation."""
 
-    def __init__(self, temperature: float, seed: int = 0, top_k: int = 0, top_p: float = 1.0):
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0 (0 is greedy: GreedyVerifier), got {temperature}")
-        check_truncation(top_k, top_p)
-        self.temperature = float(temperature)
-        self.top_k, self.top_p = int(top_k), float(top_p)
+    def __init__(self, sampling: SamplingParams):
+        if sampling.greedy:
+            raise ValueError("SamplingVerifier needs a temperature > 0 (0 is greedy: GreedyVerifier)")
+        self.sampling = sampling
         self.produced = 0
-        self._gen = torch.Generator().manual_seed(seed)
+        self._gen = torch.Generator().manual_seed(sampling.seed)
         self._u: list[float] = []
 
     def uniform(self, position: int) -> float:
@@ -94,8 +95,9 @@ class SamplingVerifier:
 
     def verify(self, tree: DraftTree, selected: Sequence[int], target_logits: torch.Tensor) -> Verdict:
         u = torch.tensor([self.uniform(self.produced + tree.depths[n]) for n in selected], dtype=torch.float64)
-        drawn = sample_by_inverse_cdf(target_logits, u.to(target_logits.device), self.temperature,
-                                      self.top_k, self.top_p)
+        sp = self.sampling
+        drawn = sample_by_inverse_cdf(target_logits, u.to(target_logits.device), float(sp.temperature),
+                                      int(sp.top_k), float(sp.top_p))
         drawn = drawn.tolist()  # one device sync per verify
         row = {n: i for i, n in enumerate(selected)}
         node, path = 0, [0]
@@ -106,14 +108,6 @@ class SamplingVerifier:
                 return Verdict(path=path, bonus=int(drawn[row[node]]))
             node = child
             path.append(node)
-
-
-def check_truncation(top_k: int, top_p: float) -> None:
-    """ValueError unless top_k is an integer >= 0 (0: off) and 0 < top_p <= 1 (1: off)."""
-    if isinstance(top_k, bool) or int(top_k) != top_k or top_k < 0:
-        raise ValueError(f"top-k must be an integer >= 0 (0: off), got {top_k}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top-p must be in (0, 1] (1: off), got {top_p}")
 
 
 def truncated_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

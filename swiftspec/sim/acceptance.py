@@ -1,4 +1,4 @@
-"""Acceptance model: how many drafted tokens the target accepts, in the *rank view* (tree.md).
+"""Acceptance model: how many drafted tokens the target accepts, in the *rank view* (docs/design.md).
 
 A child is named by its draft rank (0 = the draft's most likely token). The target's greedy path
 is a sequence of ranks r_0, r_1, ... (-1: not among the draft's candidates). A tree, given as the
@@ -79,7 +79,7 @@ def follow_children(children: np.ndarray, path: np.ndarray, i: int, root: int = 
 
 
 def ml_tree_paths(q: Sequence[float], bs: int, w: int, expansions: int, max_depth: int = 0) -> list[tuple[int, ...]]:
-    """Rank paths of the `bs` nodes a dynamic max-likelihood tree sends to the target (tree.md).
+    """Rank paths of the `bs` nodes a dynamic max-likelihood tree sends to the target.
 
     q: draft probability of the rank-k child (same at every node). Grows `expansions` expansions
     from a fresh root (each: the up-to-`w` unexpanded nodes with highest cum_logprob, ties to the

@@ -19,7 +19,9 @@ from scipy.interpolate import RegularGridInterpolator
 
 from swiftspec.spec import Mode, ModelSpec, Profile, UserError
 
-GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # = runtime.graphs.DEFAULT_BUCKETS (no torch import here)
+# = runtime.graphs.DEFAULT_BUCKETS: the simulator imports nothing of the runtime, so the value is
+# repeated here (tests/test_layering.py checks that the two agree).
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LM_HEAD_GATHER_BYTES_PER_TOKEN = 64  # top-8 (value fp32, id int32) of each vocab shard
 
 
@@ -119,7 +121,8 @@ class LatencyModel:
             self._tables[key] = _Table(rows[key], what)
         return self._tables[key]
 
-    def _op(self, op: str, model: str, tp: int, tokens: int, kv_len: float) -> float:
+    def op_ms(self, op: str, model: str, tp: int, tokens: int, kv_len: float) -> float:
+        """ms of one compute op (`op` rows of the profile) for `model` at `tp`, interpolated."""
         key = ("op", op, model, tp, tokens, kv_len)
         if key in self._memo:
             return self._memo[key]
@@ -149,8 +152,8 @@ class LatencyModel:
         hi = min([t for t in tps if t > tp], default=None)
         notes.append(f"extrapolated `{op}` for model {model} to tp {tp} from tp {lo or hi}{f'/{hi}' if lo and hi else ''}")
         if lo is None or hi is None:
-            return self._op(op, model, lo or hi, tokens, kv_len)
-        a, b = self._op(op, model, lo, tokens, kv_len), self._op(op, model, hi, tokens, kv_len)
+            return self.op_ms(op, model, lo or hi, tokens, kv_len)
+        a, b = self.op_ms(op, model, lo, tokens, kv_len), self.op_ms(op, model, hi, tokens, kv_len)
         return a + (b - a) * (tp - lo) / (hi - lo)
 
     def _comm_ms(self, collective: str, group_size: int, nbytes: int) -> float:
@@ -185,8 +188,8 @@ class LatencyModel:
     def forward_ms(self, model: ModelSpec, tp: int, tokens: int, kv_len: int) -> float:
         """embed + decoder layers + LM head of one TP shard over `tokens` tokens, no communication (ms)."""
         tokens = self.graph_tokens(tokens)
-        layers = self._op("layers", model.name, tp, tokens, kv_len)  # first: errors name `layers`
-        return self._op("embed", model.name, tp, tokens, 0) + layers + self._op("lm_head", model.name, tp, tokens, 0)
+        layers = self.op_ms("layers", model.name, tp, tokens, kv_len)  # first: errors name `layers`
+        return self.op_ms("embed", model.name, tp, tokens, 0) + layers + self.op_ms("lm_head", model.name, tp, tokens, 0)
 
     def allreduce_ms(self, group_size: int, nbytes: int, collective: str = "all_reduce") -> float:
         """One all-reduce of `nbytes` per rank over `group_size` GPUs (0 for a group of one), ms."""
@@ -207,9 +210,9 @@ class LatencyModel:
         needed for argmax / tree growth over the sharded vocabulary), comm (their sum), total.
         """
         tokens = self.graph_tokens(tokens)
-        layers = self._op("layers", model.name, tp, tokens, kv_len)
-        embed = self._op("embed", model.name, tp, tokens, 0)
-        lm_head = self._op("lm_head", model.name, tp, tokens, 0)
+        layers = self.op_ms("layers", model.name, tp, tokens, kv_len)
+        embed = self.op_ms("embed", model.name, tp, tokens, 0)
+        lm_head = self.op_ms("lm_head", model.name, tp, tokens, 0)
         act_bytes = tokens * model.hidden * model.dtype_bytes
         allreduce = 2 * model.num_layers * self.allreduce_ms(tp, act_bytes)
         gather = self.allreduce_ms(tp, tokens * LM_HEAD_GATHER_BYTES_PER_TOKEN)
@@ -230,20 +233,20 @@ class LatencyModel:
 
     def tree_growth_ms(self, model: ModelSpec, tp: int, rows: int) -> float:
         """log-softmax + top-w over the draft's `rows` new logit rows (ms)."""
-        return self._op("tree_growth", model.name, tp, rows, 0)
+        return self.op_ms("tree_growth", model.name, tp, rows, 0)
 
     def kv_compact_ms(self, model: ModelSpec, tp: int, tokens: int) -> float:
         """Moving `tokens` tokens' KV (all layers of one shard) into place after a verify (ms)."""
         if tokens <= 0:
             return 0.0
-        return self._op("kv_compact", model.name, tp, tokens, 0)
+        return self.op_ms("kv_compact", model.name, tp, tokens, 0)
 
     def _host_table_ms(self, op: str, mode: Mode | str, tokens: int) -> float:
         """An optional host table (`op`, model = mode name) over tokens; 0 when the profile has none."""
         name = (mode if isinstance(mode, Mode) else Mode.parse(mode)).value
         if (op, name, 1) not in self._compute or tokens < 1:
             return 0.0
-        return self._op(op, name, 1, tokens, 0)
+        return self.op_ms(op, name, 1, tokens, 0)
 
     def host_expansion_ms(self, mode: Mode | str, tokens: int) -> float:
         """Host work of one draft forward of `tokens` tokens (inputs, mask, tree growth, graph input

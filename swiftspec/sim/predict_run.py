@@ -10,6 +10,7 @@ verifier replays — so measured minus predicted is latency modelling alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,6 +28,18 @@ def run_trajectories(
     return [request_trajectory(mode, policy, logq, np.asarray(p, dtype=np.int64), max_new_tokens) for p in paths]
 
 
+@dataclass(frozen=True)
+class RunWorkload:
+    """The workload a run decoded. prompt_lens: prompt tokens of each request (the runtime
+    prefills all but the last, which is the first root, so decoding starts after len - 1 cached
+    tokens); paths: one rank path per request, as given to the runtime's `SyntheticVerifier`
+    (None: not drawn yet, the caller draws them)."""
+
+    prompt_lens: Sequence[int]
+    max_new_tokens: int
+    paths: Sequence[Sequence[int]] | None = None
+
+
 def predict_run(
     latency,
     acceptance,
@@ -35,17 +48,13 @@ def predict_run(
     split: Split,
     mode: Mode,
     policy: TreePolicy,
-    prompt_lens: Sequence[int],
-    max_new_tokens: int,
-    paths: Sequence[Sequence[int]],
+    workload: RunWorkload,
     gpus_per_node: int = 8,
 ) -> SimResult:
-    """Simulate one configuration on the run's workload.
-
-    prompt_lens: prompt tokens of each request (the runtime prefills all but the last, which is
-    the first root, so decoding starts after len - 1 cached tokens); paths: one rank path per
-    request, as given to the runtime's `SyntheticVerifier`.
-    """
+    """Simulate one configuration on the run's workload (its paths must be given)."""
+    if workload.paths is None:
+        raise ValueError("predict_run needs the workload's rank paths")
     costs = StepCosts(latency, target, draft if mode is not Mode.autoregressive else None, split, mode, gpus_per_node)
-    trajs = run_trajectories(acceptance, mode, policy, paths, max_new_tokens)
-    return simulate_trajectories(costs, mode, trajs, [max(n - 1, 0) for n in prompt_lens], max_new_tokens)
+    trajs = run_trajectories(acceptance, mode, policy, workload.paths, workload.max_new_tokens)
+    return simulate_trajectories(costs, mode, trajs, [max(n - 1, 0) for n in workload.prompt_lens],
+                                 workload.max_new_tokens)

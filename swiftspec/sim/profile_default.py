@@ -1,19 +1,19 @@
-"""The bundled H200 profile, *derived* (not measured) from the numbers in DESIGN.md.
+"""The bundled H200 profile, *derived* (not measured) from a few anchor timings of one H200.
 
 `plan` must work before anyone has profiled a machine, so swiftspec ships a profile computed from
-a small analytic model of one H200 whose constants are fitted to the measurements in DESIGN.md
-(HBM bandwidth, per-layer overhead of plain torch + CUDA graphs, masked-SDPA times) and to
-published NVLink / InfiniBand collective latencies. Every output that uses it says `derived`.
+a small analytic model of one H200 whose constants are fitted to anchor timings (`ANCHORS`: whole
+forwards of plain torch + CUDA graphs, HBM copy bandwidth, masked-SDPA times) and to published
+NVLink / InfiniBand collective latencies. Every output that uses it says `derived`.
 
 Per decoder layer of one TP shard (no communication), in µs:
 
     layer(T, K) = c(hidden) + gemm(T) + attention(T, K)
     gemm(1)     = weight bytes / 4.25 TB/s                         (GEMV, at the HBM floor)
     gemm(T>1)   = max(weight bytes / (4.25 TB/s · eff), 2 · T · params / 790 TFLOP/s)
-    attention   = DESIGN's SDPA table: unmasked for 1 query, tree-masked for T > 1 queries
+    attention   = the SDPA anchors: unmasked for 1 query, tree-masked for T > 1 queries
 
 `c(hidden)` (launches, norms, RoPE, residuals: everything that is not bytes) is fitted so the
-1-token anchors of DESIGN's table are reproduced exactly; `eff` (GEMM kernels reach a lower
+1-token anchors are reproduced exactly; `eff` (GEMM kernels reach a lower
 fraction of the HBM floor than GEMV) is fitted to the multi-token anchors.
 
 Regenerate the bundled folder with `python -m swiftspec.sim.profile_default`.
@@ -32,8 +32,8 @@ import pandas as pd
 
 from swiftspec.spec import ModelSpec, Profile, SourceRef, bundled_models, file_sha256
 
-HBM_BYTES_PER_S = 4.25e12  # measured device-to-device copy on one H200 (DESIGN.md)
-BF16_FLOPS = 790e12  # measured dense bf16 GEMM throughput on one H200
+HBM_BYTES_PER_S = 4.25e12  # device-to-device copy bandwidth of one H200
+BF16_FLOPS = 790e12  # dense bf16 GEMM throughput of one H200
 MEMORY_BYTES = 141_000_000_000  # usable HBM of one H200 (141 GB)
 
 TOKENS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -42,10 +42,11 @@ KV_COMPACT_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TP_GRID = tuple(range(1, 9))
 BYTES_GRID = tuple(2**k for k in range(10, 27))
 
-# DESIGN.md "Numbers to aim at" (plain torch + CUDA graph column), ms. The 70B shard rows do not
-# state a KV length; 1,024 like the other rows is assumed.
+# Forward times of one H200 (random bf16 weights, plain torch + CUDA graphs), ms: the targets the
+# derived model is fitted to. The 70B rows are one TP-8 shard; their KV length, not recorded, is
+# taken as 1,024 like the other rows.
 # (model, tp, tokens, kv_len, ms)
-DESIGN_ANCHORS = (
+ANCHORS = (
     ("Llama-3.2-1B", 1, 1, 1024, 1.39),
     ("Llama-3.2-1B", 1, 16, 1024, 1.91),
     ("Llama-3-8B", 1, 1, 1024, 5.34),
@@ -79,12 +80,13 @@ HOST_NOTES = (
 
 
 def _unmasked_attention_us(kv_len: float) -> float:
-    """SDPA of 1 query per layer (DESIGN: 22 / 57 / 197 µs at 1k / 4k / 16k): a line through them."""
+    """SDPA of 1 query per layer (anchors: 22 / 57 / 197 µs at 1k / 4k / 16k): a line through them."""
     return 10.3 + 0.01139 * kv_len
 
 
 def _masked_attention_us(tokens: int, kv_len: float) -> float:
-    """Tree-masked SDPA per layer for `tokens` queries (DESIGN: 40-45 / 103-117 / 355-412 µs).
+    """Tree-masked SDPA per layer for `tokens` queries (anchors: 40-45 / 103-117 / 355-412 µs at
+    1k / 4k / 16k).
 
     The low end of each range is 8 queries, the high end 128; in between (and beyond, up to 256)
     the intercept and slope move linearly in log2(queries). 2-7 queries cost what 8 do.
@@ -110,7 +112,7 @@ def gemm_us(nbytes: float, tokens: int, gemm_eff: float) -> float:
 
 @dataclass(frozen=True)
 class DerivedConstants:
-    """Constants fitted to DESIGN_ANCHORS. `layer_fixed_us`: (hidden, µs) points of c(hidden)."""
+    """Constants fitted to ANCHORS. `layer_fixed_us`: (hidden, µs) points of c(hidden)."""
 
     layer_fixed_us: tuple[tuple[int, float], ...]
     gemm_eff: float
@@ -149,10 +151,10 @@ def fit_constants() -> DerivedConstants:
     `eff` minimises the largest relative error over the multi-token anchors (grid search over
     0.50-1.00 in steps of 0.01).
     """
-    specs = {name: ModelSpec.from_config(name) for name, *_ in DESIGN_ANCHORS}
+    specs = {name: ModelSpec.from_config(name) for name, *_ in ANCHORS}
     zero = DerivedConstants(layer_fixed_us=((1, 0.0),), gemm_eff=1.0)
     points = []
-    for name, tp, tokens, kv, ms in DESIGN_ANCHORS:
+    for name, tp, tokens, kv, ms in ANCHORS:
         if tokens != 1:
             continue
         m = specs[name]
@@ -163,15 +165,19 @@ def fit_constants() -> DerivedConstants:
     for eff in np.arange(0.50, 1.0001, 0.01):
         k = DerivedConstants(layer_fixed_us=fixed, gemm_eff=round(float(eff), 2))
         err = max(
-            abs(forward_ms(specs[n], tp, t, kv, k) / ms - 1) for n, tp, t, kv, ms in DESIGN_ANCHORS if t > 1
+            abs(forward_ms(specs[n], tp, t, kv, k) / ms - 1) for n, tp, t, kv, ms in ANCHORS if t > 1
         )
         if best is None or err < best[0]:
             best = (err, k)
     return best[1]
 
 
-def _comm_rows() -> pd.DataFrame:
-    """NVLink / InfiniBand collective latencies (alpha + bytes / bandwidth), ms: see COMM_NOTES."""
+def published_comm_table() -> pd.DataFrame:
+    """Published NVLink / InfiniBand collective latencies (alpha + bytes / bandwidth), ms: see COMM_NOTES.
+
+    Columns collective, group_size, bytes, ms; group sizes 2..8, bytes `BYTES_GRID`. The derived
+    profile's comm table and the comm profiler's fallback where fewer than 2 GPUs exist.
+    """
     rows = []
     for b in BYTES_GRID:
         for g in range(2, 9):
@@ -222,17 +228,17 @@ def build_derived_h200_profile() -> Profile:
             "embed_fixed_us": k.embed_fixed_us,
         },
         "notes": [
-            "DERIVED, not measured: an analytic model of one H200 fitted to DESIGN.md's measured "
-            "numbers (random bf16 weights, plain torch + CUDA graphs, 2026-12-02).",
+            "DERIVED, not measured: an analytic model of one H200 fitted to anchor timings of one "
+            "H200 (random bf16 weights, plain torch + CUDA graphs).",
             "layers = num_layers * (c(hidden) + gemm + attention). gemm at 1 token = layer weight "
             "bytes / 4.25 TB/s (measured copy bandwidth); at >1 tokens max(bytes / (4.25 TB/s * "
             f"{k.gemm_eff}), flops / 790 TFLOP/s) - GEMM kernels for skinny M reach less of the "
-            "floor than GEMV; eff fitted to DESIGN's multi-token rows (8B 64 tokens, 70B TP8 8-64, "
+            "floor than GEMV; eff fitted to the multi-token anchors (8B 64 tokens, 70B TP8 8-64, "
             "1B 16 tokens).",
             f"c(hidden), the per-layer overhead beyond bytes and attention, fitted exactly to the "
             f"1-token rows (1B 1.39, 8B 5.34, 70B TP8 shard 9.23 ms; kv 1024): {fixed}; piecewise "
             "linear in log2(hidden), clamped outside.",
-            "attention per layer from DESIGN's SDPA table: 1 query unmasked 10.3 + 0.01139*kv us "
+            "attention per layer from the SDPA anchors: 1 query unmasked 10.3 + 0.01139*kv us "
             "(22/57/197 at 1k/4k/16k); >1 queries with a tree mask 19.0 + 0.0205*kv us at <=8 "
             "queries rising to 20.5 + 0.0239*kv at 128 (40-45/103-117/355-412); KV bytes at the "
             "floor are far below these times.",
@@ -244,7 +250,7 @@ def build_derived_h200_profile() -> Profile:
             "memory_bytes: usable HBM of one H200 (141 GB).",
         ],
     }
-    return Profile(compute=compute, comm=_comm_rows(), meta=meta)
+    return Profile(compute=compute, comm=published_comm_table(), meta=meta)
 
 
 def bundled_profile_dir() -> Path:
@@ -280,11 +286,11 @@ def main() -> None:
     print(f"wrote {bundled_profile_dir()} ({len(prof.compute)} compute rows, {len(prof.comm)} comm rows)")
     print(f"layer_fixed_us={k['layer_fixed_us']} gemm_eff={k['gemm_eff']}")
     specs = {}
-    for name, tp, t, kv, ms in DESIGN_ANCHORS:
+    for name, tp, t, kv, ms in ANCHORS:
         specs.setdefault(name, ModelSpec.from_config(name))
         c = DerivedConstants(layer_fixed_us=tuple(map(tuple, k["layer_fixed_us"])), gemm_eff=k["gemm_eff"])
         got = forward_ms(specs[name], tp, t, kv, c)
-        print(f"{name:14s} tp{tp} tokens {t:3d} kv {kv}: DESIGN {ms:6.2f} ms, derived {got:6.2f} ms ({got / ms - 1:+.1%})")
+        print(f"{name:14s} tp{tp} tokens {t:3d} kv {kv}: anchor {ms:6.2f} ms, derived {got:6.2f} ms ({got / ms - 1:+.1%})")
 
 
 if __name__ == "__main__":

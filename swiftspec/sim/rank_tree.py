@@ -1,4 +1,4 @@
-"""The draft tree in the simulator's *rank view* (see tree.md): a child is named by its draft rank.
+"""The draft tree in the simulator's *rank view* (docs/design.md): a child is named by its draft rank.
 
 Every node's children have the same draft probabilities (`AcceptanceProfile.draft_prob_by_rank`),
 so a node's `cum_logprob` is the sum of log q[rank] along its path from the root. The target's

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
 from swiftspec.sim.costs import StepCosts
 from swiftspec.sim.engine import (
     DEFAULT_WORKLOAD,
@@ -34,7 +35,9 @@ from swiftspec.sim.engine import (
 )
 from swiftspec.sim.latency import ExtrapolationError, LatencyModel
 from swiftspec.sim.memory import memory_use
+from swiftspec.sim.profile_default import default_profile
 from swiftspec.sim.rank_tree import RankTree
+from swiftspec.sim.tree_dp import best_static_tree
 from swiftspec.spec import (
     AcceptanceProfile,
     Mode,
@@ -45,6 +48,8 @@ from swiftspec.spec import (
     Split,
     TreePolicy,
     UserError,
+    file_sha256,
+    profile_path,
 )
 
 BS_GRID = (4, 8, 16, 32)
@@ -161,10 +166,6 @@ def load_inputs(
     """Read the models, the profile (a folder, or the embedded H200 profile: measured where it
     covers both models, else derived) and the
     acceptance profile (a JSON file, or the bundled synthetic one)."""
-    from swiftspec.sim.acceptance import default_acceptance
-    from swiftspec.sim.profile_default import default_profile
-    from swiftspec.spec import file_sha256, profile_path
-
     t = ModelSpec.from_config(target)
     dspec = ModelSpec.from_config(draft) if draft else None
     if profile is None:
@@ -234,8 +235,6 @@ class Planner:
 
     def __init__(self, inputs: Inputs, space: SearchSpace, workload: Workload = DEFAULT_WORKLOAD,
                  screen: Workload | None = None, refine: int = 8, max_len: int | None = None):
-        from swiftspec.sim.acceptance import AcceptanceModel
-
         space.validate()
         self.inputs, self.space, self.workload = inputs, space, workload
         self.screen = screen or replace(
@@ -324,8 +323,6 @@ class Planner:
                     continue
                 yield TreePolicy(bs=bs, w=w, d=d)
         if mode is Mode.serial and s.static_trees and s.w is None and s.d is None:
-            from swiftspec.sim.tree_dp import best_static_tree
-
             for bs in ((s.bs,) if s.bs else BS_GRID):
                 if bs >= 2:
                     _, topo = best_static_tree(list(self.inputs.acceptance.positional), bs)

@@ -2,10 +2,9 @@
 
 Each module has NAME, DESCRIPTION and `main(inputs, out_dir, progress=None) -> StudyOutput`, which
 writes `<out_dir>/<NAME>.png` and `.svg` with the command that regenerates them in the footer and
-the file metadata. Inputs default to bundled or committed data (the embedded H200 profile, the
-synthetic acceptance profile, benchmarks/results/), so every study runs with no arguments where
-such data exists. The modules live inside the package so an installed `swiftspec` finds them;
-the top-level studies/README.md points here.
+the file metadata. Inputs default to data bundled in the package (the embedded H200 profile, the
+synthetic acceptance profile, the measured results in swiftspec/data/results), so every study runs
+with no arguments from an installed `swiftspec`; -i points a study at other files.
 """
 
 from __future__ import annotations

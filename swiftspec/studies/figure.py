@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -83,6 +84,7 @@ def save_figure(fig: Figure, name: str, out_dir: str | Path, command: str, label
         path = out / f"{name}.{ext}"
         fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.name}.", suffix=f".{ext}")
         os.close(fd)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the figure gets an ordinary file's mode
         try:
             fig.savefig(tmp, format=ext, metadata=meta)
             os.replace(tmp, path)
@@ -92,6 +94,12 @@ def save_figure(fig: Figure, name: str, out_dir: str | Path, command: str, label
             raise
         paths.append(path)
     return paths
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def axes_labels(fig: Figure) -> list[tuple[str, str, str]]:
@@ -113,12 +121,13 @@ def finish(fig: Figure, name: str, inputs: Sequence[str | Path], out_dir: str | 
 # inputs
 
 
-def results_dir() -> Path:
-    """`benchmarks/results/` of the source checkout this package runs from (committed results).
+def bundled_results(name: str = "") -> Path:
+    """`swiftspec/data/results/<name>`: the measured results the studies draw by default.
 
-    An installed (non-editable) package has no checkout: studies then need -i.
+    They ship inside the package (package data), so an installed `swiftspec` draws them with no
+    source checkout; -i points a study at other files.
     """
-    return Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    return Path(str(resources.files("swiftspec") / "data" / "results" / name))
 
 
 def need_path(p: str | Path, what: str) -> Path:
@@ -156,6 +165,6 @@ def sim_inputs(inputs: Sequence[str | Path], study: str) -> SimInputs:
 
 def synthetic_notes(acceptance_label: str, profile_label: str) -> list[str]:
     """Footer labels of simulator inputs, saying plainly when they are not measurements."""
-    return [f"profile: {profile_label}" + (" (derived from DESIGN.md numbers, not measured)"
+    return [f"profile: {profile_label}" + (" (derived from anchor timings, not measured)"
                                            if profile_label == "derived" else ""),
             f"acceptance: {acceptance_label}"]

@@ -1,7 +1,10 @@
-"""kernels: kernel and step latency against the HBM floor, from committed benchmark results.
+"""kernels: kernel and step latency against the HBM floor, from benchmark results.
 
-Inputs (files, or folders holding them; default: the newest `kernels_*.json` and the newest
-`bench_step_kernels-*.csv` in benchmarks/results/, else every `bench_step-*.csv`):
+Inputs (files, or folders: a folder gives its `kernels_*.json` grids, `attention_ws_*.json` results
+and `bench_step_kernels-*.csv` results, else its `bench_step-*.csv` ones, sweeps left out). Default:
+the bundled swiftspec/data/results/kernel-latency: `kernels_h200.json` (the tree-attention grid on
+one H200), `attention_ws_h100.json` (Gluon against Triton on one H100) and
+`bench_step_kernels-h200.csv` (Llama-3-70B TP-8 shard forwards, 1 and 16 tokens, on one H200).
 
   kernels_<date>.json / .csv   (benchmarks/bench_kernels.py) rows: kv, queries, heads, impl, us,
                                floor_us; impl `triton` (split-KV tree attention), `sdpa_mask`,
@@ -36,10 +39,12 @@ from pathlib import Path
 import pandas as pd
 
 from swiftspec.spec import UserError
-from swiftspec.studies.figure import Progress, StudyOutput, finish, new_figure, results_dir
+from swiftspec.studies.figure import Progress, StudyOutput, bundled_results, finish, new_figure
 
 NAME = "kernels"
-DESCRIPTION = "tree-attention and decoder-step latency vs the HBM floor (benchmarks/results); -i FILES or DIR"
+DESCRIPTION = "tree-attention and decoder-step latency vs the HBM floor (bundled H200/H100 results); -i FILES or DIR"
+# the bundled default inputs, in swiftspec/data/results/kernel-latency
+DEFAULT_RESULTS = ("kernels_h200.json", "attention_ws_h100.json", "bench_step_kernels-h200.csv")
 KERNEL_COLUMNS = ("kv", "queries", "heads", "impl", "us", "floor_us")
 STEP_COLUMNS = ("model", "tokens", "kv_len", "attention", "impl", "median_ms", "floor_ms")
 ATTN_IMPLS = {"sdpa_mask": ("torch SDPA, boolean tree mask", "tab:gray"),
@@ -94,11 +99,11 @@ def _gpu_of(path: Path) -> str:
     return str(gpu).replace("NVIDIA ", "")
 
 
-def _step_files(folder: Path, newest: bool = False) -> list[Path]:
-    """Step results: the bench_step_kernels CSVs (the newest alone if `newest`), else bench_step's."""
+def _step_files(folder: Path) -> list[Path]:
+    """Step results: the bench_step_kernels CSVs, else bench_step's."""
     bsk = sorted(folder.glob("bench_step_kernels-*.csv"))
     if bsk:
-        return bsk[-1:] if newest else bsk
+        return bsk
     return sorted(folder.glob("bench_step-*.csv"))
 
 
@@ -124,9 +129,8 @@ def load_results(inputs: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
             raise UserError(f"study {NAME}: -i {p} not found")
         files += _kernel_files(p) + _ws_files(p) + _step_files(p) if p.is_dir() else [p]
     if not inputs:
-        d = results_dir()
-        kern, ws = (_kernel_files(d), _ws_files(d)) if d.is_dir() else ([], [])
-        files = kern[-1:] + ws[-1:] + (_step_files(d, newest=True) if d.is_dir() else [])
+        d = bundled_results("kernel-latency")
+        files = [d / f for f in DEFAULT_RESULTS if (d / f).is_file()]
         if not files:
             raise UserError(f"study {NAME}: no benchmark results in {d}: give -i kernels_<date>.json bench_step-<tag>.csv")
     kernels, steps = [], []

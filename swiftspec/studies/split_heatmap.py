@@ -14,6 +14,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.patches import Rectangle
 
 from swiftspec.sim.search import SearchSpace
 from swiftspec.spec import Mode
@@ -80,8 +81,6 @@ def draw(table: pd.DataFrame, title: str, gpus_per_node: int = 8):
 
 
 def _box(x: float, y: float):
-    from matplotlib.patches import Rectangle
-
     return Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, ec="red", lw=2)
 
 

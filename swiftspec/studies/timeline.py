@@ -7,8 +7,10 @@ target's verify. The simulated panel re-simulates the same configuration on the 
 acceptance, the very rank path the run replayed), so both panels decode the same tokens.
 Iteration 0 is left out of both (first-call warm-up); times are ms from the start of iteration 1.
 
-Without a run log (none given, none committed under benchmarks/results/*runlog*), only the
-simulated panel is drawn, for the planner's best async configuration of the default pair.
+Default run log: the bundled swiftspec/data/results/runlog-h200-async (benchmarks/bench_async_gpu.py
+on one H200: Llama-3-8B + Llama-3.2-1B shapes, random bf16 weights, synthetic acceptance, draft and
+target processes sharing the one GPU; prompt 0 of each task). Without a run log, only the simulated
+panel is drawn, for the planner's best async configuration of the default pair.
 """
 
 from __future__ import annotations
@@ -20,8 +22,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from swiftspec.spec import Mode, Plan, Split, UserError
-from swiftspec.studies.figure import Progress, StudyOutput, finish, new_figure, results_dir, synthetic_notes
+from swiftspec.runtime.runlog import RunLog
+from swiftspec.sim.acceptance import AcceptanceModel
+from swiftspec.sim.latency import LatencyModel
+from swiftspec.sim.predict_run import RunWorkload, predict_run
+from swiftspec.sim.search import SearchSpace, load_inputs, predict_plan
+from swiftspec.spec import Mode, Plan, Split, TreePolicy, UserError
+from swiftspec.studies.figure import (
+    Progress,
+    StudyOutput,
+    bundled_results,
+    finish,
+    new_figure,
+    synthetic_notes,
+)
+from swiftspec.studies.simulated import STUDY_WORKLOAD, best, load
 
 NAME = "timeline"
 DESCRIPTION = "iteration Gantt of draft/target work, simulated vs measured; -i RUNLOG_DIR [PROFILE_DIR] [ACCEPTANCE.json]"
@@ -30,9 +45,9 @@ COLORS = {"draft": "tab:blue", "target": "tab:red", "wait": "0.85", "commit": "t
 
 
 def default_runlog() -> Path | None:
-    """The newest committed run log under benchmarks/results/ (a folder named *runlog* with summary.json)."""
-    d = results_dir()
-    found = sorted(d.glob("*runlog*/summary.json"), key=lambda p: p.stat().st_mtime) if d.is_dir() else []
+    """The bundled run log (a folder named *runlog* with summary.json under swiftspec/data/results),
+    the last by name if there are several; None without one."""
+    found = sorted(bundled_results().glob("*runlog*/summary.json"))
     return found[-1].parent if found else None
 
 
@@ -101,11 +116,6 @@ def _pick_task(log, plan: Plan) -> str:
 
 def simulate_run(log, task: str, prompt: int, profile: str | None, acceptance: str | None):
     """Re-simulate `task` of a RunLog on its own workload; returns (timeline DataFrame, Inputs)."""
-    from swiftspec.sim.acceptance import AcceptanceModel
-    from swiftspec.sim.latency import LatencyModel
-    from swiftspec.sim.predict_run import predict_run
-    from swiftspec.sim.search import load_inputs
-
     plan = Plan.from_dict(log.meta["plan"], where="run log plan")
     def own(ref):
         return ref.path if ref is not None and not ref.path.startswith("builtin:") and Path(ref.path).exists() else None
@@ -129,13 +139,11 @@ def simulate_run(log, task: str, prompt: int, profile: str | None, acceptance: s
         path = np.concatenate([np.asarray(replayed, dtype=np.int64), path])
     prompt_len = int(it.sort_values("iteration")["kv_len"].iloc[0]) + 1 if "kv_len" in it else 256
     res = predict_run(LatencyModel(inputs.profile), acc, inputs.target, inputs.draft if mode is not Mode.autoregressive
-                      else None, split, mode, policy, [prompt_len], max_new, [path], plan.gpus_per_node)
+                      else None, split, mode, policy, RunWorkload([prompt_len], max_new, [path]), plan.gpus_per_node)
     return res.timeline, inputs
 
 
 def _policy_of(key: str, plan: Plan):
-    from swiftspec.spec import TreePolicy
-
     if key == "bs1-w1-d0":
         return TreePolicy.autoregressive()
     parts = dict((p[0], int(p[1:])) for p in key.split("-") if p[:1] in "bwd" and p[1:].isdigit())
@@ -144,8 +152,6 @@ def _policy_of(key: str, plan: Plan):
 
 def main(inputs: Sequence[str | Path] = (), out_dir: str | Path = ".", progress: Progress = None,
          iterations: int = ITERATIONS) -> StudyOutput:
-    from swiftspec.runtime.runlog import RunLog
-
     runlog = profile = acceptance = None
     for raw in inputs:
         p = Path(raw)
@@ -158,6 +164,7 @@ def main(inputs: Sequence[str | Path] = (), out_dir: str | Path = ".", progress:
         else:
             raise UserError(f"study {NAME}: -i {p} is not a run log folder (with summary.json), a profile folder "
                             "or an acceptance profile JSON" + ("" if p.exists() else " (it does not exist)"))
+    given = runlog is not None
     runlog = runlog or default_runlog()
     fig = new_figure(11, 6.2)
     ax_s, ax_m = fig.subplots(2, 1)
@@ -175,21 +182,17 @@ def main(inputs: Sequence[str | Path] = (), out_dir: str | Path = ".", progress:
         draw_measured(ax_m, _window(meas, iterations),
                       f"measured: {task}, prompt 0 ({m.get('device', '?')}, {hw}, {m.get('dtype', '?')}; "
                       f"weights {m.get('weights', '?')}, acceptance {m.get('acceptance', '?')})")
-        labels += [f"run log: {runlog}", f"weights: {m.get('weights', '?')}", f"run acceptance: {m.get('acceptance', '?')}"]
+        shown = runlog if given else f"{runlog.name} (bundled)"
+        labels += [f"run log: {shown}", f"weights: {m.get('weights', '?')}", f"run acceptance: {m.get('acceptance', '?')}"]
         if m.get("shared_devices"):
             notes.append("measured ranks shared one GPU (gloo link): host-side timing, not a disaggregated run")
         what = f"{task}, the run's workload"
     else:
-        from swiftspec.sim.search import SearchSpace, predict_plan
-        from swiftspec.studies.simulated import STUDY_WORKLOAD, best, load
-
         inp = load(profile, acceptance)
         b = best(inp, SearchSpace(gpus=8, modes=(Mode.async_,), bs=16, w=8, static_trees=False))
         if b.row is None:
             raise UserError(f"study {NAME}: the planner found no async configuration on 8 GPUs ({b.reason})")
         r = b.row
-        from swiftspec.spec import TreePolicy
-
         plan = Plan(target=inp.target_name, draft=inp.draft_name, split=Split.disaggregated(int(r.draft_gpus),
                     int(r.target_gpus)), mode=Mode.async_, policy=TreePolicy(bs=int(r.bs), w=int(r.w), d=int(r.d)))
         sim = predict_plan(plan, inp, STUDY_WORKLOAD.__class__(prompt_len=256, max_new_tokens=64, requests=1)).timeline
@@ -200,7 +203,7 @@ def main(inputs: Sequence[str | Path] = (), out_dir: str | Path = ".", progress:
         ax_m.set_ylabel("GPU group")
         ax_m.set_title("measured: no run log", fontsize=9)
         ax_m.set_yticks([])
-        notes.append("no measured run log given or committed (benchmarks/results/*runlog*)")
+        notes.append("no measured run log given or bundled")
     sim0 = sim[sim["request"] == sim["request"].min()].sort_values("iteration")
     draw_simulated(ax_s, _window(sim0, iterations),
                    f"simulated: {inp.target.name} + {inp.draft.name if inp.draft else '-'}, {what} (SimPy)")

@@ -6,8 +6,9 @@ Inputs (-i, repeatable):
       policy, pair (or model_pair, or target + draft), error_pct (recomputed when absent, as
       100 · (measured - predicted) / predicted), acceptance, weights.
   a RunLog folder (`swiftspec run -o DIR`): one point per task with a prediction.
-Default: the last by name of benchmarks/results/validation*.csv (or validation*/report.csv), else the committed
-run logs (benchmarks/results/*runlog*).
+Default: the bundled report (swiftspec/data/results/validation-h200: `swiftspec validate` of three
+Llama pairs on one H200, bf16 random weights, synthetic acceptance); of several bundled reports, the
+newest by name (`newest_report`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from swiftspec.runtime.runlog import RunLog
 from swiftspec.spec import UserError
-from swiftspec.studies.figure import Progress, StudyOutput, finish, new_figure, results_dir
+from swiftspec.studies.figure import Progress, StudyOutput, bundled_results, finish, new_figure
 
 NAME = "validation"
 DESCRIPTION = "predicted vs measured tokens/s per configuration (y = x, ±8 % band); -i REPORT.csv or RUNLOG_DIR"
@@ -60,8 +62,6 @@ def read_report(path: str | Path) -> pd.DataFrame:
 
 def read_runlog(path: str | Path) -> pd.DataFrame:
     """A RunLog folder -> one row per task that has a prediction."""
-    from swiftspec.runtime.runlog import RunLog
-
     log = RunLog.load(path)
     s = log.summary().rename(columns={"tokens_per_s_mean": "measured_tokens_per_s", "task": "config"})
     s = s.dropna(subset=["predicted_tokens_per_s"])
@@ -104,15 +104,20 @@ def _name_order(path: Path) -> list:
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", str(path))]
 
 
+def newest_report(folder: Path) -> Path | None:
+    """The last by name of `folder`'s validation*.csv and validation*/report.csv, numbers compared as
+    numbers (copies do not keep mtimes): validation_run12 after validation_run9, and validation_run3
+    after validation; None when there is none."""
+    reports = [*folder.glob("validation*.csv"), *folder.glob("validation*/report.csv")] if folder.is_dir() else []
+    return max(reports, key=_name_order, default=None)
+
+
 def load(inputs: Sequence[str | Path]) -> pd.DataFrame:
     paths = [Path(p) for p in inputs]
     if not paths:
-        d = results_dir()
-        # by name, numbers as numbers (checkouts do not keep mtimes): validation_h200_run12 after
-        # validation_h200_run9, and validation_h200_run3 after validation_h200
-        reports = sorted([*d.glob("validation*.csv"), *d.glob("validation*/report.csv")], key=_name_order) \
-            if d.is_dir() else []
-        paths = reports[-1:] or (sorted(p.parent for p in d.glob("*runlog*/summary.json")) if d.is_dir() else [])
+        d = bundled_results()
+        newest = newest_report(d)
+        paths = [newest] if newest else sorted(p.parent for p in d.glob("*runlog*/summary.json"))
         if not paths:
             raise UserError(f"study {NAME}: no validation report or run log in {d}: run `swiftspec validate -o DIR` "
                             "and give -i DIR/<report>.csv")

@@ -1,0 +1,213 @@
+"""`swiftspec run --plan`: a plan on the runtime, measured against the simulator's prediction.
+
+The layer above both halves: the runtime (`runtime.launch`, `runtime.engine`) takes plain inputs
+(token ids, rank paths, log q by rank) and returns what it measured; the simulator draws the rank
+paths a synthetic run replays (`rank_paths`) and re-predicts every task for the run's own workload
+(`baseline_predictions`), so measured minus predicted is latency modelling alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from swiftspec.files import run_metadata
+from swiftspec.runtime.engine import Job, Task
+from swiftspec.runtime.generate import GREEDY
+from swiftspec.runtime.groups import Layout
+from swiftspec.runtime.launch import load_prompts, plan_weight_format, run_job, tasks_for
+from swiftspec.runtime.runlog import RunLog
+from swiftspec.runtime.synthetic import rank_logprobs
+from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
+from swiftspec.sim.latency import LatencyModel
+from swiftspec.sim.predict_run import RunWorkload, predict_run
+from swiftspec.sim.search import load_inputs, predict_plan
+from swiftspec.spec import AcceptanceProfile, Mode, ModelSpec, Plan, SamplingParams, Split, UserError
+
+
+def rank_paths(profile: AcceptanceProfile, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """`n` rank paths of `length` positions, as the simulator draws them (same seed, same paths):
+    what a synthetic run's verifier replays (`runtime.synthetic.SyntheticVerifier`)."""
+    return [[int(r) for r in p] for p in AcceptanceModel(profile).request_paths(n, length, seed)]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How `run_plan` runs a plan.
+
+    prompts: "builtin" or a prompt file (`runtime.launch.load_prompts`), the first `num_prompts`,
+    `max_new_tokens` each. device / dtype: None takes the plan's device and float32 on CPU,
+    bfloat16 on CUDA. weights "random" replays an acceptance profile (`acceptance`, else the
+    plan's, else the bundled default); checkpoint weights measure acceptance unless `acceptance`
+    is given. modes: the tasks (default: the plan's mode, serial, autoregressive). timeout_s: how
+    long a collective may wait or the run make no progress. seed: random weights and rank paths.
+    """
+
+    prompts: str = "builtin"
+    num_prompts: int = 8
+    max_new_tokens: int = 64
+    device: str | None = None
+    dtype: str | None = None
+    weights: str = "checkpoint"
+    acceptance: str | None = None
+    modes: tuple[str, ...] | None = None
+    timeout_s: float = 300.0
+    seed: int = 0
+
+
+def baseline_predictions(plan: Plan, tasks: list[Task], colocated: int, acceptance_path: str | None,
+                         workload: RunWorkload | None = None, seed: int = 0) -> dict[str, dict]:
+    """Predictions per task (label -> Prediction dict), made for the run's own workload when it is given.
+
+    With `workload`: every task is re-simulated on it (its prompts' lengths, `max_new_tokens`, and
+    the rank paths the synthetic verifier replays, or, measuring acceptance (paths None), the
+    acceptance profile's paths for as many requests with `seed`), so the error measures latency
+    modelling, not the difference between the plan's workload and the run's. The plan's own figure
+    is kept beside it as `plan_tokens_per_s_mean` / `plan_mean_accepted`. Without, or when the
+    simulator cannot time a task: the plan's prediction for its own mode. colocated: the devices
+    the co-located baselines share.
+    """
+    preds: dict[str, dict] = {}
+    inputs = None
+    for t in tasks:
+        own = t.mode is plan.mode and t.policy == plan.policy and plan.prediction is not None
+        if own:
+            preds[t.label] = plan.prediction.to_dict()
+        if own and workload is None:
+            continue
+        try:
+            if inputs is None:
+                prof = plan.profile.path if plan.profile and not plan.profile.path.startswith("builtin") else None
+                acc = acceptance_path or (plan.acceptance.path if plan.acceptance and
+                                          not plan.acceptance.path.startswith("builtin") else None)
+                inputs = load_inputs(plan.target, plan.draft, prof, acc, plan.device)
+            if t.mode is plan.mode:
+                split = plan.split
+            else:
+                split = Split.shared(colocated, with_draft=t.mode is not Mode.autoregressive)
+            if workload is None:
+                p = dataclasses.replace(plan, mode=t.mode, split=split, policy=t.policy)
+                preds[t.label] = predict_plan(p, inputs).summary.to_prediction().to_dict()
+                continue
+            acc_model = AcceptanceModel(inputs.acceptance)
+            if workload.paths is None:
+                n = len(workload.prompt_lens)
+                paths = [list(x) for x in acc_model.request_paths(n, workload.max_new_tokens + 64, seed)]
+                workload = dataclasses.replace(workload, paths=paths)
+            res = predict_run(LatencyModel(inputs.profile), acc_model, inputs.target, inputs.draft, split, t.mode,
+                              t.policy, workload, plan.gpus_per_node)
+            d = res.summary.to_prediction().to_dict()
+            if own:
+                d["plan_tokens_per_s_mean"] = plan.prediction.tokens_per_s_mean
+                d["plan_mean_accepted"] = plan.prediction.mean_accepted
+            d["workload"] = "run"
+            preds[t.label] = d
+        except Exception:  # noqa: BLE001 -- a task without a prediction is shown as "-"
+            continue
+    return preds
+
+
+def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling: SamplingParams = GREEDY,
+             *, tasks: list[Task] | None = None, on_start=None) -> RunLog | None:
+    """Run a plan (and its baselines) and return its RunLog (rank 0; None on other torchrun ranks).
+
+    Synthetic acceptance (random weights or `options.acceptance`) is labelled `acceptance:
+    synthetic (...)`. Sampling (temperature > 0) needs measured acceptance, since a replayed rank
+    path decides the tokens itself. on_start(pids): see `runtime.launch.launch`.
+    """
+    o = options
+    plan = Plan.load(plan_path)
+    device = o.device or plan.device
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {device!r}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but no CUDA GPU is available: use --device cpu")
+    dtype = o.dtype or ("float32" if device == "cpu" else "bfloat16")
+    if o.weights not in ("checkpoint", "random"):
+        raise UserError(f"--weights must be checkpoint or random, got {o.weights!r}")
+    if o.max_new_tokens < 1 or o.num_prompts < 1 or o.timeout_s <= 0:
+        raise UserError("--max-new-tokens, --num-prompts and --timeout must be positive")
+    if not sampling.greedy and (o.weights == "random" or o.acceptance is not None):
+        raise UserError("--temperature needs measured acceptance (--weights checkpoint, no --acceptance): "
+                        "with synthetic acceptance the replayed rank paths choose the tokens")
+    plan = Plan.from_dict({**plan.to_dict(), "device": device})
+    tasks = tasks or tasks_for(plan, list(o.modes) if o.modes else None)
+    tspec = ModelSpec.from_config(plan.target)
+    if plan.draft and ModelSpec.from_config(plan.draft).vocab < tspec.vocab:
+        raise UserError(f"the draft's vocabulary is smaller than the target's ({plan.draft} vs {plan.target})")
+    ids, how = load_prompts(o.prompts, plan.target, tspec.vocab, o.num_prompts)
+
+    acc_label, paths, acc_path, logq = "measured", None, None, None
+    if o.weights == "random" or o.acceptance is not None:
+        if o.acceptance is not None:
+            acc_path = o.acceptance
+        elif plan.acceptance is not None and Path(plan.acceptance.path).is_file():
+            acc_path = plan.acceptance.path
+        prof = AcceptanceProfile.load(acc_path) if acc_path is not None else default_acceptance()[0]
+        acc_label = prof.label if prof.synthetic else f"synthetic (replay of measured {Path(acc_path).name})"
+        paths = rank_paths(prof, len(ids), o.max_new_tokens + 64, o.seed)
+        logq = rank_logprobs(prof)
+
+    weight_format = plan_weight_format(plan)
+    job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
+              max_new_tokens=o.max_new_tokens, device=device, dtype=dtype, weights=o.weights, seed=o.seed,
+              rank_paths=paths, timeout_s=o.timeout_s, rank_logprobs=logq, weight_format=weight_format,
+              sampling=sampling)  # fmt: skip
+    layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
+    results = run_job(job, on_start=on_start)
+    if results is None:
+        return None
+    iters = pd.DataFrame([r for res in results for r in res["rows"]])
+    prs = pd.DataFrame([r for res in results for r in res["prompts"]])
+    meta = {**run_metadata(device), "plan": plan.to_dict(), "plan_path": str(plan_path), "weights": o.weights,
+            "weight_format": weight_format, "temperature": sampling.temperature, "sample_seed": sampling.seed,
+            "sample_top_k": sampling.top_k, "sample_top_p": sampling.top_p, "acceptance": acc_label,
+            "device": device, "dtype": dtype, "prompts": o.prompts,
+            "tokenized_with": how, "max_new_tokens": o.max_new_tokens, "colocated_ranks": len(layout.colocated),
+            "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world}
+    workload = RunWorkload([len(x) for x in ids], o.max_new_tokens, paths)
+    return RunLog(iters, prs, meta, baseline_predictions(plan, tasks, len(layout.colocated), acc_path, workload,
+                                                         o.seed))
+
+
+def format_report(log) -> str:
+    """What `swiftspec run` prints: the labels, then measured vs predicted per task."""
+    m = log.meta
+    plan = m["plan"]
+    split = plan["split"]
+    unit = "CPU ranks" if m["device"] == "cpu" else "GPUs"
+    lines = [
+        f"plan: {m['plan_path']} ({plan['mode']}; draft {len(split['draft_gpus'])} / target "
+        f"{len(split['target_gpus'])} {unit}; baselines on {m['colocated_ranks']} {unit})",
+        f"weights: {m['weights']}{'' if m.get('weight_format', 'native') == 'native' else ', ' + m['weight_format']}"
+        f"   acceptance: {m['acceptance']}   device: {m['device']} ({m['dtype']})",
+        f"prompts: {m['prompts']} ({len(log.prompts) and log.prompts['prompt'].nunique()}, {m['tokenized_with']}), "
+        f"{m['max_new_tokens']} new tokens each",
+    ]
+    if any(isinstance(p, dict) and p.get("workload") == "run" for p in log.predictions.values()):
+        lines.append("predicted: re-simulated for this run's workload (its prompts, length and rank paths)")
+    if m.get("temperature", 0) > 0:
+        cut = "".join(f", {name} {m[k]:g}" for k, name, off in (("sample_top_k", "top-k", 0),
+                                                                  ("sample_top_p", "top-p", 1)) if m.get(k, off) != off)
+        lines.append(f"sampling: temperature {m['temperature']:g}{cut}, seed {m['sample_seed']} + prompt index (the "
+                     "predictions use the plan's acceptance profile: plan on one measured with these settings, "
+                     "`profile acceptance --temperature" + (" --sample-top-k/-p" if cut else "") + "`)")
+    if m.get("shared_devices"):
+        lines.append("note: ranks share a GPU (gloo link, no NCCL): correctness and host-side timing only")
+    s = log.summary()
+
+    def f(x, fmt="{:.1f}"):
+        return "-" if x is None or x != x else fmt.format(x)
+
+    table = [(r.task, f(r.tokens_per_s_mean), f(r.tokens_per_s_p50), f(r.tokens_per_s_p95), f(r.mean_accepted, "{:.2f}"),
+              f(r.iteration_ms, "{:.2f}"), f(r.predicted_tokens_per_s), f(r.error_pct, "{:+.1f}%"),
+              f(r.predicted_mean_accepted, "{:.2f}")) for r in s.itertuples()]
+    head = ("task", "tok/s mean", "p50", "p95", "accepted", "iter ms", "predicted tok/s", "error", "pred. accepted")
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
+    for row in (head, *table):
+        lines.append("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    return "\n".join(lines)
