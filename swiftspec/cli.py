@@ -18,8 +18,31 @@ from dataclasses import replace
 import click
 from tqdm import tqdm
 
-from swiftspec.files import atomic_write_text
+from swiftspec.catalog import catalog, catalog_text, profile_device, resolve_builtin
+from swiftspec.files import atomic_write_text, check_output_dir, check_output_file, folder_lock
+from swiftspec.options import (
+    BS,
+    DEPTH,
+    DEVICE_RULE,
+    DEVICES,
+    DTYPE_RULE,
+    DTYPES,
+    GPUS,
+    MAX_GPUS,
+    MAX_TOKENS,
+    MAX_TOP_K,
+    REQUESTS,
+    SEED,
+    TOKENS,
+    D,
+    IntList,
+    W,
+    count,
+    device_dtype,
+    seconds,
+)
 from swiftspec.profiler.check import check_profile
+from swiftspec.progress import progress_for
 from swiftspec.sim.engine import Workload, to_chrome_trace
 from swiftspec.sim.search import SearchSpace, breakdown_table, load_inputs, predict_plan, search
 from swiftspec.spec import Mode, Plan, SamplingParams, UserError, to_jsonable
@@ -37,21 +60,29 @@ def cli() -> None:
       swiftspec profile ...            measure latencies and acceptance
       swiftspec run --plan P           run a plan with the asynchronous runtime
       swiftspec study NAME             draw a figure
+      swiftspec list                   the bundled models, profiles and acceptance profiles
     """
 
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        cli.main(prog_name="swiftspec", standalone_mode=False)
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as e:
+        e.show()
+        sys.exit(2)
+    except click.UsageError as e:  # a bad or missing option: one line, like every other bad input
+        where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        click.echo(f"error: {e.format_message().rstrip('.')}{where}", err=True)
+        sys.exit(2)
     except click.ClickException as e:
         e.show()
-        sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
+        sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
@@ -83,28 +114,30 @@ def _progress(as_json: bool):
 
 
 @cli.command()
-@click.option("--gpus", type=int, required=True, help="GPUs (or CPU ranks) to plan for.")
+@click.option("--gpus", type=GPUS, required=True, help="GPUs (or CPU ranks) to plan for.")
 @click.option("--target", default="Llama-3-70B", show_default=True, help="Bundled model name or checkpoint folder.")
 @click.option("--draft", default="Llama-3.2-3B", show_default=True, help="Bundled model name or checkpoint folder.")
 @click.option("--profile", "profile_dir", default=None,
               help="Profile folder, or builtin:h200-measured | builtin:h200-fp8 (weight-only fp8 models) | "
                    "builtin:h200-derived [default: the embedded H200 profile, measured where it covers both "
-                   "models, else derived].")
-@click.option("--acceptance", default=None, help="Acceptance profile JSON [default: bundled, synthetic].")
+                   "models, else derived]; `swiftspec list` shows what each covers.")
+@click.option("--acceptance", default=None,
+              help="Acceptance profile JSON or builtin:NAME (`swiftspec list`) [default: bundled, synthetic].")
 @click.option("--modes", default=None, help="Comma-separated modes to consider [default: all four].")
-@click.option("--draft-gpus", type=int, default=None, help="Pin the async draft group's size.")
-@click.option("--bs", type=int, default=None, help="Pin tree nodes verified per step.")
-@click.option("--w", "w", type=int, default=None, help="Pin leaves expanded per draft forward.")
-@click.option("--d", "d", type=int, default=None, help="Pin draft expansions per round.")
-@click.option("--top", type=int, default=5, show_default=True, help="Rows of the ranked table to print.")
+@click.option("--draft-gpus", type=GPUS, default=None, help="Pin the async draft group's size.")
+@click.option("--bs", type=BS, default=None, help="Pin tree nodes verified per step.")
+@click.option("--w", "w", type=W, default=None, help="Pin leaves expanded per draft forward.")
+@click.option("--d", "d", type=D, default=None, help="Pin draft expansions per round.")
+@click.option("--top", type=count(1), default=5, show_default=True, help="Rows of the ranked table to print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ranked table as JSON (nothing else on stdout).")
 @click.option("-o", "--output", default=None, help="Write the winning plan here (nothing is written without -o).")
-@click.option("--gpus-per-node", type=int, default=None, help="GPUs per node when planning across nodes [default: --gpus].")
-@click.option("--device", default="cuda", show_default=True, help="cuda | cpu (cpu needs a CPU --profile).")
-@click.option("--prompt-len", type=int, default=256, show_default=True, help="Prompt tokens per simulated request.")
-@click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Tokens generated per request.")
-@click.option("--requests", type=int, default=8, show_default=True, help="Simulated requests per finalist.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic target paths.")
+@click.option("--gpus-per-node", type=GPUS, default=None, help="GPUs per node when planning across nodes [default: --gpus].")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="The device planned for [default: the profile's: cuda for the embedded H200 profile].")
+@click.option("--prompt-len", type=TOKENS, default=256, show_default=True, help="Prompt tokens per simulated request.")
+@click.option("--max-new-tokens", type=TOKENS, default=256, show_default=True, help="Tokens generated per request.")
+@click.option("--requests", type=REQUESTS, default=8, show_default=True, help="Simulated requests per finalist.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the synthetic target paths.")
 def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w, d, top, as_json, output,
          gpus_per_node, device, prompt_len, max_new_tokens, requests, seed) -> None:  # fmt: skip
     """Pick split, mode and tree policy for GPUS by SimPy simulation; rank by predicted tokens/s.
@@ -115,6 +148,10 @@ def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w,
     parts of the configuration shrink the search; fully pinned, it is one prediction. The
     winning plan is written only when -o is given.
     """
+    if output:
+        check_output_file(output, "-o")
+    profile_dir, acceptance = resolve_builtin("profile", profile_dir), resolve_builtin("acceptance", acceptance)
+    device = device or profile_device(profile_dir)
     mode_list = tuple(Mode.parse(m.strip()) for m in modes.split(",") if m.strip()) if modes else tuple(Mode)
     space = SearchSpace(gpus=gpus, modes=mode_list, draft_gpus=draft_gpus, bs=bs, w=w, d=d,
                         gpus_per_node=gpus_per_node, device=device)
@@ -157,12 +194,25 @@ def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w,
                f"{pred.mean_accepted:.2f}, {pred.iteration_ms:.2f} ms per iteration")
     click.echo("winner's mean iteration" + (" (the draft runs while the target verifies):" if win.mode is Mode.async_ else ":"))
     click.echo(breakdown_table(pred.breakdown_ms, win.mode).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    for line in res.skipped_profile[:3]:
-        click.echo(f"skipped {line}", err=True)
+    if res.skipped_profile:
+        click.echo(skipped_summary(res.skipped_profile), err=True)
     for line in res.extrapolations[:3]:
         click.echo(f"warning: {line}", err=True)
     if output:
         click.echo(f"wrote {output}")
+
+
+def skipped_summary(skipped: list[str]) -> str:
+    """One line for the configurations the profile could not time (the full list: --json)."""
+    tps: dict[str, set[int]] = {}
+    for line in skipped:
+        m = re.search(r"for model (\S+) at tp (\d+)", line)
+        if m:
+            tps.setdefault(m[1], set()).add(int(m[2]))
+    where = "; ".join(f"{model} at TP {', '.join(map(str, sorted(t)))}" for model, t in tps.items())
+    n = len(skipped)
+    return (f"skipped {n} configuration{'s' if n > 1 else ''} the profile does not cover"
+            + (f" ({where})" if where else "") + ": see --json 'skipped_profile'")
 
 
 def _ref_path(ref, builtin_ok: bool = False) -> str | None:
@@ -175,14 +225,17 @@ def _ref_path(ref, builtin_ok: bool = False) -> str | None:
 
 @cli.command()
 @click.option("--plan", "plan_path", required=True, help="plan.json from `swiftspec plan -o`.")
-@click.option("--profile", "profile_dir", default=None, help="Profile folder [default: the plan's].")
-@click.option("--acceptance", default=None, help="Acceptance profile JSON [default: the plan's].")
-@click.option("--requests", type=int, default=None, help="Simulated requests [default: the plan's workload].")
-@click.option("--seed", type=int, default=None, help="Seed of the synthetic target paths [default: the plan's].")
+@click.option("--profile", "profile_dir", default=None, help="Profile folder or builtin:NAME [default: the plan's].")
+@click.option("--acceptance", default=None, help="Acceptance profile JSON or builtin:NAME [default: the plan's].")
+@click.option("--requests", type=REQUESTS, default=None, help="Simulated requests [default: the plan's workload].")
+@click.option("--seed", type=SEED, default=None, help="Seed of the synthetic target paths [default: the plan's].")
 @click.option("--trace", default=None, help="Also write the timeline as Chrome trace JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (prediction) on stdout.")
 def simulate(plan_path, profile_dir, acceptance, requests, seed, trace, as_json) -> None:
     """Re-predict one plan with the simulator (same workload unless overridden)."""
+    if trace:
+        check_output_file(trace, "--trace")
+    profile_dir, acceptance = resolve_builtin("profile", profile_dir), resolve_builtin("acceptance", acceptance)
     p = Plan.load(plan_path)
     inputs = load_inputs(p.target, p.draft, profile_dir or _ref_path(p.profile, builtin_ok=True),
                          acceptance or _ref_path(p.acceptance), p.device)
@@ -257,30 +310,37 @@ def sampling_options(command):
 def _int_list(text: str | None, flag: str) -> list[int] | None:
     if text is None:
         return None
+    if isinstance(text, tuple):  # already parsed and range-checked by an IntList option
+        return list(text)
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"{flag} takes comma-separated integers, e.g. {flag} 1,2,3 (got {text!r})") from None
 
 
+DEFAULT_PROMPT_IDS = (1, 2, 3, 4, 5, 6, 7, 8)
+
+
 @cli.command()
 @click.option("--target", required=True, help="Target checkpoint folder (or bundled name with --weights random).")
 @click.option("--draft", default=None, help="Draft checkpoint folder (chain / serial).")
 @click.option("--mode", default="autoregressive", show_default=True, help="autoregressive | chain | serial.")
-@click.option("--bs", type=int, default=None, help="Tree nodes verified per step, root included.")
-@click.option("--w", "w", type=int, default=None, help="Leaves expanded per draft forward.")
-@click.option("--d", "d", type=int, default=None, help="Draft expansions per round (chain: drafted tokens).")
-@click.option("--max-depth", type=int, default=0, show_default=True, help="Deepest node grown (0: no limit).")
+@click.option("--bs", type=BS, default=None, help="Tree nodes verified per step, root included.")
+@click.option("--w", "w", type=W, default=None, help="Leaves expanded per draft forward.")
+@click.option("--d", "d", type=D, default=None, help="Draft expansions per round (chain: drafted tokens).")
+@click.option("--max-depth", type=DEPTH, default=0, show_default=True, help="Deepest node grown (0: no limit).")
 @click.option("--topology", default=None, help="Static tree: parent index per node, e.g. --topology=-1,0,0,1.")
 @click.option("--prompt", default=None, help="Prompt text (needs a tokenizer in the target folder).")
-@click.option("--prompt-ids", default=None, help="Prompt as token ids, e.g. 1,2,3.")
-@click.option("--max-new-tokens", type=int, default=32, show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="cpu | cuda.")
-@click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16.")
+@click.option("--prompt-ids", type=IntList(0), default=None,
+              help=f"Prompt as token ids, e.g. 1,2,3 [default with --weights random and no --prompt: "
+                   f"{','.join(map(str, DEFAULT_PROMPT_IDS))}].")
+@click.option("--max-new-tokens", type=TOKENS, default=32, show_default=True)
+@click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, help=DTYPE_RULE)
 @click.option("--weights", default="checkpoint", show_default=True, help="checkpoint | random.")
 @click.option("--eos/--no-eos", default=True, show_default=True, help="Stop at the config's EOS ids.")
-@click.option("--max-len", type=int, default=4096, show_default=True, help="Most KV-cache slots per model.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
+@click.option("--max-len", type=TOKENS, default=4096, show_default=True, help="Most KV-cache slots per model.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of random weights.")
 @click.option("--weight-format", default="native", show_default=True,
               help="native | fp8 (weight-only float8 e4m3 GEMM weights, per-row scales: a quantized model, "
                    "faster at few tokens per forward, slower at many; docs/decisions.md).")
@@ -292,14 +352,28 @@ def _int_list(text: str | None, flag: str) -> list[int] | None:
 def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_ids, max_new_tokens, device,
              dtype, weights, eos, max_len, seed, weight_format, tree_growth, sampling, as_json) -> None:  # fmt: skip
     """Decode one prompt on one process: autoregressive, chain or serial (tree) speculation."""
+    from swiftspec.preflight import check_models
     from swiftspec.runtime.generate import LoadOptions, generate_from_checkpoints, make_policy
 
     m = Mode.parse(mode)
     policy = make_policy(m, bs, w, d, max_depth, _int_list(topology, "--topology"))
+    if prompt is None and prompt_ids is None and weights == "random":
+        prompt_ids = DEFAULT_PROMPT_IDS  # random weights make any ids a fine prompt
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    device, dtype = device_dtype(device, dtype)
+    if weights == "checkpoint":  # a truncated file or weights unlike the config: one line, before any work
+        from swiftspec.runtime.weights import check_checkpoints
+        check_checkpoints(target, draft if m is not Mode.autoregressive else None)
+    progress = progress_for(as_json)
+
+    def checked(dev: str, specs: list) -> None:  # the library's last check before it builds the models
+        check_models(dev, specs)
+        progress(f"generate: building {' and '.join(s.name for s, _ in specs)} ({weights} weights, {device}, "
+                 f"{dtype}), then decoding up to {max_new_tokens} tokens")
+
     load = LoadOptions(device=device, dtype=dtype, weights=weights, seed=seed, weight_format=weight_format,
-                       tree_growth=tree_growth, max_len=max_len)
+                       tree_growth=tree_growth, max_len=max_len, memory_check=checked, progress=progress)
     res = generate_from_checkpoints(
         target, draft if m is not Mode.autoregressive else None, mode=m, policy=policy,
         prompt=prompt if prompt is not None else _int_list(prompt_ids, "--prompt-ids"),
@@ -339,13 +413,13 @@ def profile_group() -> None:
 
 @profile_group.command("compute")
 @click.option("--models", required=True, help="Comma-separated bundled names or checkpoint folders (random weights).")
-@click.option("--tp", default=None, help="TP shard degrees [default: cuda 1,2,4,6,8; cpu 1].")
-@click.option("--tokens", default=None, help="Tokens per forward [default: cuda 1,2,4,...,256].")
-@click.option("--kv", default=None, help="Cached tokens attended [default: cuda 512,2048,8192].")
-@click.option("--compact", default=None, help="KV slots moved by kv_compact [default: --tokens + 512,1024 on cuda, + 512 on cpu].")
+@click.option("--tp", type=IntList(1, MAX_GPUS), default=None, help="TP shard degrees [default: cuda 1,2,4,6,8; cpu 1].")
+@click.option("--tokens", type=IntList(1, MAX_TOKENS), default=None, help="Tokens per forward [default: cuda 1,2,4,...,256].")
+@click.option("--kv", type=IntList(1, MAX_TOKENS), default=None, help="Cached tokens attended [default: cuda 512,2048,8192].")
+@click.option("--compact", type=IntList(1, MAX_TOKENS), default=None, help="KV slots moved by kv_compact [default: --tokens + 512,1024 on cuda, + 512 on cpu].")
 @click.option("-o", "--output", default="profile", show_default=True, help="Profile folder (resumable).")
-@click.option("--device", default=None, help="cuda | cpu [default: cuda when available].")
-@click.option("--dtype", default=None, help="bfloat16 | float16 | float32 [default: bfloat16 on cuda, float32 on cpu].")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, help=DTYPE_RULE)
 @click.option("--quick", is_flag=True, help="Smaller grid and fewer repeats (a smoke test).")
 @click.option("--host/--no-host", default=True, show_default=True, help="Also measure host work per iteration.")
 @click.option("--alias/--no-alias", default=True, show_default=True,
@@ -359,15 +433,14 @@ def profile_group() -> None:
               help="auto (the runtime's default: on for native weights on sm_90) | on (forwards of >= 128 rows per KV "
                    "head and >= 32 tokens through the Gluon warp-specialized tree attention: Hopper, bf16/fp16) | "
                    "off. Recorded in meta.json.")
-@click.option("--time-budget", type=float, default=None, help="Seconds; then stop and write what was measured.")
+@click.option("--time-budget", type=seconds(), default=None, help="Seconds; then stop and write what was measured.")
 def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
                         weight_format, attention_ws, time_budget) -> None:  # fmt: skip
     """Time forward/layers, embed, LM head, tree growth, KV compaction and host work per iteration."""
-    import torch
-
+    check_output_dir(output, "-o", ("compute.csv", "comm.csv", "meta.json", "compute.partial.csv"))
     from swiftspec.profiler.compute import ComputeGrid, ComputeOptions, TimingConfig, profile_compute
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device, dtype = device_dtype(device, dtype)
     dflt = ComputeGrid.default(device, quick)
     tok = tuple(_int_list(tokens, "--tokens") or dflt.tokens)
     grid = ComputeGrid(
@@ -394,24 +467,27 @@ def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, 
 
 @profile_group.command("comm")
 @click.option("-o", "--output", default="profile", show_default=True, help="Profile folder: writes comm.csv.")
-@click.option("--sizes", default=None, help="Message sizes in bytes [default: cuda 1 KiB..64 MiB; cpu 1K,16K,256K].")
-@click.option("--world", type=int, default=None, help="Processes / GPUs [default: all GPUs; 2 on cpu].")
-@click.option("--device", default=None, help="cuda | cpu (gloo) [default: cuda when available].")
+@click.option("--sizes", type=IntList(1), default=None,
+              help="Message sizes in bytes [default: cuda 1 KiB..64 MiB; cpu 1K,16K,256K].")
+@click.option("--world", type=count(1, MAX_GPUS), default=None, help="Processes / GPUs [default: all GPUs; 2 on cpu].")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help=f"cuda | cpu (gloo) {DEVICE_RULE}.")
 @click.option("--graphs/--no-graphs", default=True, show_default=True, help="Also time CUDA-graph-captured collectives.")
-@click.option("--timeout", "timeout_s", type=float, default=480.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=seconds(), default=480.0, show_default=True,
               help="Seconds before the workers are stopped (rows measured so far are kept).")
 def profile_comm_cmd(output, sizes, world, device, graphs, timeout_s) -> None:
     """All-reduce (NCCL, symmetric-memory one-shot) and send/recv over bytes x group size."""
+    check_output_dir(output, "-o", ("comm.csv", "meta.json"))
     from swiftspec.profiler.comm import profile_comm, write_comm
 
     sz = _int_list(sizes, "--sizes")
-    res = profile_comm(world=world, sizes=tuple(sz) if sz else None, device=device, graphs=graphs,
-                       timeout_s=timeout_s)  # fmt: skip
-    for line in res.notes:
-        click.echo(line)
-    if not write_comm(output, res):
-        click.echo(f"kept the measured {output}/comm.csv (defaults never replace measured rows)")
-        return
+    with folder_lock(output, "profile comm"):  # one writer per profile folder, from measuring to writing
+        res = profile_comm(world=world, sizes=tuple(sz) if sz else None, device=device_dtype(device)[0], graphs=graphs,
+                           timeout_s=timeout_s)  # fmt: skip
+        for line in res.notes:
+            click.echo(line)
+        if not write_comm(output, res):
+            click.echo(f"kept the measured {output}/comm.csv (defaults never replace measured rows)")
+            return
     what = "measured" if res.measured else "defaults (not measured)"
     click.echo(f"wrote {output}/comm.csv ({len(res.comm)} rows, {what})")
 
@@ -421,16 +497,17 @@ def profile_comm_cmd(output, sizes, world, device, graphs, timeout_s) -> None:
 @click.option("--draft", required=True, help="Draft checkpoint folder (same tokenizer).")
 @click.option("--prompts", default="builtin", show_default=True,
               help="builtin, builtin:chat,code,math,summarisation, or a JSONL file ({\"prompt\": ...} per line).")
-@click.option("--num-prompts", type=int, default=12, show_default=True, help="Prompts to trace (first N).")
-@click.option("--max-new-tokens", type=int, default=48, show_default=True, help="Target tokens per prompt.")
-@click.option("--top-k", type=int, default=32, show_default=True, help="Ranks beyond this are recorded as -1.")
+@click.option("--num-prompts", type=count(1), default=12, show_default=True, help="Prompts to trace (first N).")
+@click.option("--max-new-tokens", type=TOKENS, default=48, show_default=True, help="Target tokens per prompt.")
+@click.option("--top-k", type=count(1, MAX_TOP_K), default=32, show_default=True,
+              help="Ranks beyond this are recorded as -1.")
 @click.option("--policies", default="chain/bs5-w1-d4,serial/bs8-w8-d4,serial/bs16-w4-d6", show_default=True,
               help="Tree policies whose accepted length the runtime measures.")
-@click.option("--accepted-prompts", type=int, default=3, show_default=True,
+@click.option("--accepted-prompts", type=count(0), default=3, show_default=True,
               help="Prompts the accepted-length runs use (first N).")
 @click.option("-o", "--output", default=None, help="Output JSON [default: <target>__<draft>.json].")
-@click.option("--device", default="cpu", show_default=True, help="cpu | cuda.")
-@click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16 | float16.")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, help=DTYPE_RULE)
 @click.option("--weight-format", default="native", show_default=True,
               help="native | fp8: both models' GEMM weights (weight-only float8 e4m3).")
 @click.option("--draft-weight-format", default=None,
@@ -441,13 +518,19 @@ def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, 
                            output, device, dtype, weight_format, draft_weight_format, sampling) -> None:  # fmt: skip
     """Record the rank of the target's token in the draft's distribution along the target's path
     (its greedy path, or its sampled one with --temperature: the profile then plans sampled decoding)."""
+    if output:
+        check_output_file(output, "-o")
+    else:
+        check_output_dir(".", "-o (default: the current folder)")
     from swiftspec.profiler.acceptance import AcceptanceOptions, profile_acceptance
 
+    device, dtype = device_dtype(device, dtype)
     options = AcceptanceOptions(prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
                                 policies=tuple(p for p in policies.split(",") if p.strip()),
                                 accepted_prompts=accepted_prompts)  # fmt: skip
     prof = profile_acceptance(target, draft, options, sampling, device=device, dtype=dtype, weight_format=weight_format,
-                              draft_weight_format=draft_weight_format, progress=sys.stderr.isatty())  # fmt: skip
+                              draft_weight_format=draft_weight_format, progress=sys.stderr.isatty(),
+                              log=progress_for(False))  # fmt: skip
     out = output or f"{prof.meta['name']}.json"
     prof.save(out)
     m = prof.meta
@@ -464,10 +547,11 @@ def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, 
 
 
 @profile_group.command("check")
-@click.argument("folder")
+@click.argument("folder", metavar="FOLDER|builtin:NAME")
 @click.option("--json", "as_json", is_flag=True, help="Print every held-out point as JSON.")
 def profile_check_cmd(folder, as_json) -> None:
     """Hold out interior grid lines, predict them with the latency model, report the error."""
+    folder = resolve_builtin("profile", folder, as_path=True)
     errors, summary = check_profile(folder)
     if as_json:
         click.echo(errors.to_json(orient="records"))
@@ -486,33 +570,42 @@ def profile_check_cmd(folder, as_json) -> None:
 @cli.command("run")
 @click.option("--plan", "plan_path", required=True, type=click.Path(), help="plan.json from `swiftspec plan`")
 @click.option("--prompts", default="builtin", show_default=True, help="builtin, or a JSONL/text file of prompts")
-@click.option("--num-prompts", default=8, show_default=True, type=int, help="prompts to run (first N)")
-@click.option("--max-new-tokens", default=64, show_default=True, type=int)
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="default: the plan's")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
-              help="default: float32 on cpu, bfloat16 on cuda")
+@click.option("--num-prompts", default=8, show_default=True, type=count(1), help="prompts to run (first N)")
+@click.option("--max-new-tokens", default=64, show_default=True, type=TOKENS)
+@click.option("--device", type=click.Choice(DEVICES), default=None, help="[default: the device the plan names]")
+@click.option("--dtype", type=click.Choice(DTYPES), default=None, help=DTYPE_RULE)
 @click.option("--weights", type=click.Choice(["checkpoint", "random"]), default="checkpoint", show_default=True)
 @click.option("--acceptance", type=click.Path(), default=None,
-              help="replay this AcceptanceProfile's rank traces (synthetic acceptance; default with random weights)")
+              help="replay this AcceptanceProfile's rank traces, a JSON file or builtin:NAME (synthetic acceptance; "
+                   "default with random weights: the plan's)")
 @click.option("--modes", default=None, help="comma list, default: the plan's mode,serial,autoregressive")
 @click.option("-o", "--output", "out_dir", type=click.Path(), default=None, help="write the run log folder here")
-@click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=float,
+@click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=seconds(),
               help="seconds a collective may wait / the run may make no progress before it is stopped")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=SEED)
 @sampling_options
 def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, out_dir,
             timeout_s, seed, sampling) -> None:
     """Run a plan with the asynchronous runtime, plus baselines in the same launch; measured vs predicted.
     Sampling (--temperature > 0) needs measured acceptance: --weights checkpoint, no --acceptance."""
+    if out_dir:  # before the run: a path that cannot be written must not cost the measurements
+        check_output_dir(out_dir, "-o", ("iterations.jsonl", "prompts.jsonl", "summary.json"))
     from swiftspec.run import RunOptions, format_report, run_plan
     from swiftspec.runtime.launch import RunFailed
 
+    acceptance = resolve_builtin("acceptance", acceptance)
     options = RunOptions(prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, device=device,
                          dtype=dtype, weights=weights, acceptance=acceptance,
                          modes=tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None,
                          timeout_s=timeout_s, seed=seed)  # fmt: skip
+    progress = progress_for(False)
+
+    def started(pids: list[int]) -> None:
+        progress(f"run: {len(pids)} worker process{'es' if len(pids) != 1 else ''} started: {num_prompts} "
+                 f"prompt(s) per mode, up to {max_new_tokens} tokens each")
+
     try:
-        log = run_plan(plan_path, options, sampling)
+        log = run_plan(plan_path, options, sampling, on_start=started, progress=progress)
     except RunFailed as e:
         click.echo(f"error: run failed: {e}", err=True)
         sys.exit(1)
@@ -542,6 +635,8 @@ def study_cmd(name, inputs, out_dir, list_) -> None:
         for n, desc in list_studies():
             click.echo(f"{n:16s} {desc}")
         return
+    check_output_dir(out_dir, "-o", (f"{name}.png", f"{name}.svg"))
+    inputs = tuple(resolve_builtin("input", i) for i in inputs)
     out = run_study(name, inputs, out_dir, progress=_progress(False))
     for line in out.notes:
         click.echo(f"note: {line}", err=True)
@@ -563,52 +658,71 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
 
 
 @cli.command("validate")
-@click.option("--gpus", type=int, default=1, show_default=True, help="Devices (1: autoregressive, chain, serial).")
-@click.option("--configs", type=int, default=None, help="Run only the first N configurations [default: all, >= 20 on cuda].")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None, help="[default: cuda when available].")
+@click.option("--gpus", type=GPUS, default=1, show_default=True, help="Devices (1: autoregressive, chain, serial).")
+@click.option("--configs", type=count(1), default=None, help="Run only the first N configurations [default: all, >= 20 on cuda].")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
 @click.option("--profile", "profile_dir", default=None,
-              help="Profile folder [default on cuda: bundled h200-measured, else the derived one; cpu: required].")
-@click.option("--acceptance", default=None, help="Acceptance profile JSON to replay [default: smollm2-135m__int3g32].")
+              help="Profile folder or builtin:NAME [default on cuda: bundled h200-measured, else the derived one; "
+                   "cpu: required].")
+@click.option("--acceptance", default=None,
+              help="Acceptance profile JSON or builtin:NAME to replay [default: smollm2-135m__int3g32].")
 @click.option("--pairs", default=None, help="TARGET:DRAFT,... [default on cuda: Llama-3-8B:Llama-3.2-1B,"
               "Llama-3.2-3B:Llama-3.2-1B,Llama-3.2-1B:Llama-3.2-1B].")
 @click.option("--weights", type=click.Choice(["random", "checkpoint"]), default="random", show_default=True)
-@click.option("--prompts", type=int, default=3, show_default=True, help="Builtin prompts per configuration.")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--passes", type=int, default=None,
+@click.option("--prompts", type=count(1), default=3, show_default=True, help="Builtin prompts per configuration.")
+@click.option("--max-new-tokens", type=TOKENS, default=64, show_default=True)
+@click.option("--passes", type=count(1), default=None,
               help="Run every configuration this many times (all once per pass) and report the medians "
               "[default: 3 on cuda, 1 on cpu].")
 @click.option("--calibrate-host/--no-calibrate-host", default=True, show_default=True,
               help="Measure host work per forward / per token first (stand-ins with each pair's vocab and layers) "
               "and use it in the predictions.")
 @click.option("-o", "--output", "out_dir", default=None, help="Write report.csv, report.json, host.csv here.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--repredict", default=None, metavar="REPORT",
               help="Run nothing: predict an earlier sweep (its report.json, folder or printed log) again from "
               "--profile, keeping its measurements and host calibration.")
 def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights, prompts, max_new_tokens, passes,
                  calibrate_host, out_dir, seed, repredict) -> None:  # fmt: skip
     """Predict configurations from a profile, then run them in one process: predicted vs measured."""
-    import torch
-
+    if out_dir:  # before the sweep: a path that cannot be written must not cost the measurements
+        check_output_dir(out_dir, "-o", ("report.csv", "report.json", "host.csv"))
     from swiftspec.validate import SweepOptions, format_report, validate
     from swiftspec.validate import repredict as repredict_sweep
 
+    profile_dir, acceptance = resolve_builtin("profile", profile_dir), resolve_builtin("acceptance", acceptance)
+    progress = progress_for(False)
     if repredict:
         rep = repredict_sweep(repredict, profile=profile_dir, acceptance=acceptance,
-                              log=lambda s: click.echo(s, err=True))
+                              log=progress)
         click.echo(format_report(rep))
         if out_dir:
             rep.write(out_dir)
             click.echo(f"wrote {out_dir}/report.csv, report.json")
         return
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_dtype(device)[0]
     pair_list = _pairs(pairs)
     sweep = SweepOptions(device=device, pairs=tuple(pair_list) if pair_list else None, configs=configs,
                          weights=weights, prompts=prompts, max_new_tokens=max_new_tokens,
                          passes=passes or (3 if device == "cuda" else 1), seed=seed, gpus=gpus)  # fmt: skip
     rep = validate(sweep, profile=profile_dir, acceptance=acceptance, calibrate=calibrate_host,
-                   log=lambda s: click.echo(s, err=True))  # fmt: skip
+                   log=progress)  # fmt: skip
     click.echo(format_report(rep))
     if out_dir:
         rep.write(out_dir)
         click.echo(f"wrote {out_dir}/report.csv, report.json")
+
+
+# ---- list (swiftspec.catalog) ----------------------------------------------------------------
+
+
+@cli.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: models, profiles, acceptance.")
+def list_cmd(as_json) -> None:
+    """The bundled models (with their sizes), profiles (GPU, weight format, the models and TP
+    degrees they cover, measured or derived) and acceptance profiles (pair, measured or synthetic,
+    temperature). Give a profile or acceptance profile to any option as builtin:NAME."""
+    if as_json:
+        click.echo(json.dumps(to_jsonable(catalog())))
+        return
+    click.echo(catalog_text())

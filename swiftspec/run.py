@@ -9,6 +9,7 @@ paths a synthetic run replays (`rank_paths`) and re-predicts every task for the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,17 +17,20 @@ import pandas as pd
 import torch
 
 from swiftspec.files import run_metadata
+from swiftspec.preflight import require, run_needs
 from swiftspec.runtime.engine import Job, Task
 from swiftspec.runtime.generate import GREEDY
 from swiftspec.runtime.groups import Layout
-from swiftspec.runtime.launch import load_prompts, plan_weight_format, run_job, tasks_for
+from swiftspec.runtime.launch import load_prompts, plan_tasks, plan_weight_format, run_job, torchrun_env
 from swiftspec.runtime.runlog import RunLog
 from swiftspec.runtime.synthetic import rank_logprobs
+from swiftspec.runtime.vocab import shared_vocab
+from swiftspec.runtime.weights import check_checkpoints
 from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
 from swiftspec.sim.latency import LatencyModel
 from swiftspec.sim.predict_run import RunWorkload, predict_run
 from swiftspec.sim.search import load_inputs, predict_plan
-from swiftspec.spec import AcceptanceProfile, Mode, ModelSpec, Plan, SamplingParams, Split, UserError
+from swiftspec.spec import AcceptanceProfile, Mode, Plan, Profile, SamplingParams, Split, UserError
 
 
 def rank_paths(profile: AcceptanceProfile, n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -111,13 +115,54 @@ def baseline_predictions(plan: Plan, tasks: list[Task], colocated: int, acceptan
     return preds
 
 
+def profile_conditions(meta: dict | None, device: str) -> tuple[str, str, str]:
+    """(GPU or "cpu", dtype, weight format) a profile was measured with (its meta.json; the
+    defaults of `profile compute` where it names none: bfloat16 on cuda, float32 on cpu)."""
+    meta = meta or {}
+    dev = meta.get("device", device)
+    gpu = "cpu" if dev == "cpu" else str(meta.get("gpu") or dev)
+    dtype = str(meta.get("dtype") or ("float32" if dev == "cpu" else "bfloat16"))
+    return gpu, dtype, str(meta.get("weight_format", "native"))
+
+
+def run_conditions(device: str, dtype: str, weight_format: str, index: int = 0) -> tuple[str, str, str]:
+    """(GPU or "cpu", dtype, weight format) of this machine's run."""
+    gpu = torch.cuda.get_device_name(index) if device == "cuda" and torch.cuda.is_available() else "cpu"
+    return gpu, dtype, weight_format
+
+
+def not_comparable(profile: tuple[str, str, str], run: tuple[str, str, str]) -> str | None:
+    """"not comparable: profile <gpu, dtype, wf> vs run <...>" when the prediction's profile was
+    measured on another device, dtype or weight format than the run's, else None: then a
+    prediction error says nothing about the latency model and is not printed as one."""
+    if profile == run:
+        return None
+    return f"not comparable: profile <{', '.join(profile)}> vs run <{', '.join(run)}>"
+
+
+def _profile_meta(plan: Plan) -> dict | None:
+    if plan.profile is None:
+        return None
+    try:
+        return Profile.load(plan.profile.path).meta
+    except UserError:
+        return None
+
+
 def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling: SamplingParams = GREEDY,
-             *, tasks: list[Task] | None = None, on_start=None) -> RunLog | None:
+             *, tasks: list[Task] | None = None, on_start=None,
+             progress: Callable[[str], None] | None = None) -> RunLog | None:
     """Run a plan (and its baselines) and return its RunLog (rank 0; None on other torchrun ranks).
 
     Synthetic acceptance (random weights or `options.acceptance`) is labelled `acceptance:
     synthetic (...)`. Sampling (temperature > 0) needs measured acceptance, since a replayed rank
-    path decides the tokens itself. on_start(pids): see `runtime.launch.launch`.
+    path decides the tokens itself. on_start(pids), progress(line) (one line per prompt and task):
+    see `runtime.launch.launch`. Before any worker starts: the tasks (`plan_tasks`: a plan without
+    a draft runs autoregressive and notes the baselines it leaves out), checkpoint weights
+    (`check_checkpoints`: every file opened, every tensor's shape against config.json), the pair's
+    vocabulary (`runtime.vocab.shared_vocab`) and the memory the ranks need (`preflight`). After:
+    `meta["comparable"]` says whether the plan's profile was measured on this run's device, dtype
+    and weight format (`not_comparable`).
     """
     o = options
     plan = Plan.load(plan_path)
@@ -134,12 +179,16 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
     if not sampling.greedy and (o.weights == "random" or o.acceptance is not None):
         raise UserError("--temperature needs measured acceptance (--weights checkpoint, no --acceptance): "
                         "with synthetic acceptance the replayed rank paths choose the tokens")
+    planned_on = _profile_meta(plan) or {"device": plan.device}
     plan = Plan.from_dict({**plan.to_dict(), "device": device})
-    tasks = tasks or tasks_for(plan, list(o.modes) if o.modes else None)
-    tspec = ModelSpec.from_config(plan.target)
-    if plan.draft and ModelSpec.from_config(plan.draft).vocab < tspec.vocab:
-        raise UserError(f"the draft's vocabulary is smaller than the target's ({plan.draft} vs {plan.target})")
-    ids, how = load_prompts(o.prompts, plan.target, tspec.vocab, o.num_prompts)
+    notes: list[str] = []
+    if tasks is None:
+        tasks, notes = plan_tasks(plan, list(o.modes) if o.modes else None)
+    if o.weights == "checkpoint":  # a truncated file or weights unlike the config: one line, no worker
+        speculative = any(t.mode is not Mode.autoregressive for t in tasks)
+        check_checkpoints(plan.target, plan.draft if speculative else None)
+    vocab = shared_vocab(plan.target, plan.draft)
+    ids, how = load_prompts(o.prompts, plan.target, vocab, o.num_prompts)
 
     acc_label, paths, acc_path, logq = "measured", None, None, None
     if o.weights == "random" or o.acceptance is not None:
@@ -156,9 +205,12 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
     job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
               max_new_tokens=o.max_new_tokens, device=device, dtype=dtype, weights=o.weights, seed=o.seed,
               rank_paths=paths, timeout_s=o.timeout_s, rank_logprobs=logq, weight_format=weight_format,
-              sampling=sampling)  # fmt: skip
+              sampling=sampling, vocab=vocab if plan.draft else None)  # fmt: skip
     layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
-    results = run_job(job, on_start=on_start)
+    if torchrun_env() is None:  # under torchrun each node's memory is its own: no check across them
+        ranks = f"{layout.world} rank{'s' if layout.world > 1 else ''}"
+        job.meta["memory"] = require(run_needs(job, layout), device, f"this run ({ranks})")
+    results = run_job(job, on_start=on_start, progress=progress)
     if results is None:
         return None
     iters = pd.DataFrame([r for res in results for r in res["rows"]])
@@ -168,7 +220,13 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
             "sample_top_k": sampling.top_k, "sample_top_p": sampling.top_p, "acceptance": acc_label,
             "device": device, "dtype": dtype, "prompts": o.prompts,
             "tokenized_with": how, "max_new_tokens": o.max_new_tokens, "colocated_ranks": len(layout.colocated),
-            "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world}
+            "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world,
+            "notes": notes, "memory": job.meta.get("memory")}
+    gpu_index = max(layout.physical[0], 0) if device == "cuda" else 0
+    label = not_comparable(profile_conditions(planned_on, plan.device),
+                           run_conditions(device, dtype, weight_format, gpu_index))
+    meta.update(comparable=label is None, comparability=label or "comparable: profile and run on the same "
+                "device, dtype and weight format")
     workload = RunWorkload([len(x) for x in ids], o.max_new_tokens, paths)
     return RunLog(iters, prs, meta, baseline_predictions(plan, tasks, len(layout.colocated), acc_path, workload,
                                                          o.seed))
@@ -198,13 +256,18 @@ def format_report(log) -> str:
                      "`profile acceptance --temperature" + (" --sample-top-k/-p" if cut else "") + "`)")
     if m.get("shared_devices"):
         lines.append("note: ranks share a GPU (gloo link, no NCCL): correctness and host-side timing only")
+    lines += [f"note: {n}" for n in m.get("notes") or ()]
+    comparable = m.get("comparable", True)
+    if not comparable:
+        lines.append(f"{m['comparability']}: predictions shown, no error computed")
     s = log.summary()
 
     def f(x, fmt="{:.1f}"):
         return "-" if x is None or x != x else fmt.format(x)
 
     table = [(r.task, f(r.tokens_per_s_mean), f(r.tokens_per_s_p50), f(r.tokens_per_s_p95), f(r.mean_accepted, "{:.2f}"),
-              f(r.iteration_ms, "{:.2f}"), f(r.predicted_tokens_per_s), f(r.error_pct, "{:+.1f}%"),
+              f(r.iteration_ms, "{:.2f}"), f(r.predicted_tokens_per_s),
+              f(r.error_pct, "{:+.1f}%") if comparable else "n/c",
               f(r.predicted_mean_accepted, "{:.2f}")) for r in s.itertuples()]
     head = ("task", "tok/s mean", "p50", "p95", "accepted", "iter ms", "predicted tok/s", "error", "pred. accepted")
     widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]

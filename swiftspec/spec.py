@@ -11,20 +11,120 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from swiftspec.errors import UserError
 from swiftspec.files import atomic_dir, atomic_write_text
 
+# --------------------------------------------------------------------------------------------
+# Reading and checking input files: every loader below goes through these, so a bad file is one
+# line naming the file and the field (or cell), never a Python exception.
 
-class UserError(Exception):
-    """Bad input: the message is one line saying what is wrong and how to fix it."""
+
+def _show(v: Any) -> str:
+    """A short repr of a bad value for an error line (numpy scalars as plain Python values)."""
+    if hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 1) == 0:
+        v = v.item()
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of `path`; a missing, unreadable or non-UTF-8 file -> UserError naming it."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{what} {p} not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {p} is a folder: give a file") from None
+    except OSError as e:
+        raise UserError(f"{what} {p} cannot be read ({e.strerror or type(e).__name__})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} {p} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
+                        "save it as UTF-8") from None
+
+
+def parse_json(text: str, where: str) -> Any:
+    """json.loads with every failure (syntax, too deep, too long a number) as one UserError line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"{where} is not valid JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _range_text(lo: float | None, hi: float | None, both: str) -> str:
+    if lo is None and hi is None:
+        return ""
+    return f" >= {lo}" if hi is None else f" <= {hi}" if lo is None else both
+
+
+def check_int(v: Any, where: str, name: str, lo: int | None = None, hi: int | None = None) -> int:
+    """`v` as an int (an integral float such as 8.0 is accepted), within [lo, hi]; else UserError."""
+    ok = not isinstance(v, bool) and (
+        isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer()))
+    if ok:
+        v = int(v)
+        ok = (lo is None or v >= lo) and (hi is None or v <= hi)
+    if not ok:
+        rng = _range_text(lo, hi, f" in {lo}..{hi}")
+        raise UserError(f"{where}: {name} must be an integer{rng}, got {_show(v)}")
+    return v
+
+
+def check_number(v: Any, where: str, name: str, lo: float | None = None, hi: float | None = None) -> float:
+    """`v` as a finite float within [lo, hi]; a string, bool, NaN or infinity -> UserError."""
+    ok = not isinstance(v, bool) and (isinstance(v, float) and math.isfinite(v) or
+                                      isinstance(v, int) and abs(v) < 1e308)
+    if ok:
+        v = float(v)
+        ok = (lo is None or v >= lo) and (hi is None or v <= hi)
+    if not ok:
+        rng = _range_text(lo, hi, f" in [{lo}, {hi}]")
+        raise UserError(f"{where}: {name} must be a finite number{rng}, got {_show(v)}")
+    return v
+
+
+def check_str(v: Any, where: str, name: str, empty: bool = False) -> str:
+    """`v` if it is a string (non-empty unless `empty`); else UserError."""
+    if not isinstance(v, str) or (not empty and not v.strip()):
+        raise UserError(f"{where}: {name} must be a {'' if empty else 'non-empty '}string, got {_show(v)}")
+    return v
+
+
+def check_list(v: Any, where: str, name: str) -> list:
+    """`v` if it is a JSON list; else UserError."""
+    if not isinstance(v, list):
+        raise UserError(f"{where}: {name} must be a list, got {_show(v)}")
+    return v
+
+
+def check_dict(v: Any, where: str, name: str) -> dict:
+    """`v` if it is a JSON object; else UserError."""
+    if not isinstance(v, dict):
+        raise UserError(f"{where}: {name} must be an object, got {_show(v)}")
+    return v
+
+
+def require(d: dict, key: str, where: str) -> Any:
+    """d[key], or a UserError naming the missing field."""
+    if key not in d:
+        raise UserError(f"{where} is malformed: it lacks field {key!r}")
+    return d[key]
 
 
 # --------------------------------------------------------------------------------------------
@@ -71,6 +171,38 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     )
 
 
+def check_config_dimensions(raw: dict, where: str) -> None:
+    """The sizes of a Hugging Face config that the model is built from: positive integers that fit
+    together (heads divide hidden, as transformers requires; KV heads divide heads), finite norm eps
+    and rope theta; else UserError naming the field."""
+    where = f"model config {where}"
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        check_int(raw[key], where, key, lo=1)
+    heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
+    kv = raw.get("num_key_value_heads")
+    kv = heads if kv is None else check_int(kv, where, "num_key_value_heads", lo=1)
+    if heads % kv:
+        raise UserError(f"{where}: num_key_value_heads {kv} does not divide num_attention_heads {heads}")
+    if raw.get("head_dim") is not None:
+        check_int(raw["head_dim"], where, "head_dim", lo=1)
+    if hidden % heads:
+        raise UserError(f"{where}: num_attention_heads {heads} does not divide hidden_size {hidden}")
+    for key in ("max_position_embeddings",):
+        if raw.get(key) is not None:
+            check_int(raw[key], where, key, lo=1)
+    for key in ("rms_norm_eps", "rope_theta"):
+        if raw.get(key) is not None:
+            v = check_number(raw[key], where, key)
+            if v <= 0:
+                raise UserError(f"{where}: {key} must be > 0, got {_show(raw[key])}")
+    for key in ("tie_word_embeddings", "attention_bias"):
+        if raw.get(key) is not None and not isinstance(raw[key], bool):
+            raise UserError(f"{where}: {key} must be true or false, got {_show(raw[key])}")
+    for key in ("rope_scaling", "rope_parameters"):
+        if raw.get(key) is not None and not isinstance(raw[key], dict):
+            raise UserError(f"{where}: {key} must be an object or null, got {_show(raw[key])}")
+
+
 @dataclass(frozen=True)
 class Shard:
     """Per-rank shapes of a model under tensor parallelism of degree `tp`.
@@ -113,21 +245,25 @@ class ModelSpec:
         """Read a bundled name or a local checkpoint folder through `transformers.AutoConfig`."""
         folder = resolve_model_path(name_or_path)
         cfg_file = folder / "config.json"
-        try:
-            raw = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"{cfg_file} is not valid JSON ({e.msg}, line {e.lineno})") from None
+        raw = parse_json(read_text(cfg_file, "model config"), f"model config {cfg_file}")
+        if not isinstance(raw, dict):
+            raise UserError(f"model config {cfg_file} is malformed: expected a JSON object")
         missing = [k for k in _REQUIRED_CONFIG_KEYS if k not in raw]
         if missing:
             raise UserError(f"{cfg_file} lacks required fields: {', '.join(missing)}")
         if raw["model_type"] not in SUPPORTED_MODEL_TYPES:
             raise UserError(
-                f"{cfg_file}: architecture {raw['model_type']!r} is not supported "
+                f"{cfg_file}: architecture {_show(raw['model_type'])} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
+        check_config_dimensions(raw, str(cfg_file))
         from transformers import AutoConfig  # heavy import: paid only when a config is read
 
-        cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        try:
+            cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        except Exception as e:  # transformers' own validation errors have several types
+            msg = str(e).strip().splitlines()[-1].strip() if str(e).strip() else type(e).__name__
+            raise UserError(f"model config {cfg_file} is not a valid config ({msg})") from None
         heads = cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -258,6 +394,13 @@ class Mode(str, enum.Enum):
 ALL_MODES = tuple(Mode)
 
 
+def _parse_mode(text: str, where: str) -> Mode:
+    try:
+        return Mode.parse(text)
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the target's tokens are chosen; the same in every mode, so speculation stays lossless.
@@ -363,8 +506,13 @@ class Split:
         return {"target_gpus": list(self.target_gpus), "draft_gpus": list(self.draft_gpus)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> Split:
-        return cls(tuple(int(g) for g in d["target_gpus"]), tuple(int(g) for g in d.get("draft_gpus", ())))
+    def from_dict(cls, d: dict, where: str = "split") -> Split:
+        d = check_dict(d, where, "split")
+        gpus = {}
+        for key in ("target_gpus", "draft_gpus"):
+            raw = check_list(require(d, key, where) if key == "target_gpus" else d.get(key, []), where, key)
+            gpus[key] = tuple(check_int(g, where, f"{key}[{i}]", lo=0) for i, g in enumerate(raw))
+        return cls(gpus["target_gpus"], gpus["draft_gpus"])
 
 
 @dataclass(frozen=True)
@@ -437,15 +585,19 @@ class TreePolicy:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> TreePolicy:
+    def from_dict(cls, d: dict, where: str = "tree policy") -> TreePolicy:
+        d = check_dict(d, where, "policy")
         topo = d.get("topology")
+        if topo is not None:
+            topo = tuple(check_int(x, where, f"topology[{i}]", lo=-1)
+                         for i, x in enumerate(check_list(topo, where, "topology")))
         return cls(
-            bs=int(d["bs"]),
-            w=int(d["w"]),
-            d=int(d["d"]),
-            max_depth=int(d.get("max_depth", 0)),
-            kind=d.get("kind", "dynamic"),
-            topology=tuple(int(x) for x in topo) if topo is not None else None,
+            bs=check_int(require(d, "bs", where), where, "policy bs", lo=1),
+            w=check_int(require(d, "w", where), where, "policy w", lo=1),
+            d=check_int(require(d, "d", where), where, "policy d", lo=0),
+            max_depth=check_int(d.get("max_depth", 0), where, "policy max_depth", lo=0),
+            kind=check_str(d.get("kind", "dynamic"), where, "policy kind"),
+            topology=topo,
         )
 
 
@@ -480,18 +632,17 @@ class SourceRef:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> SourceRef:
-        return cls(str(d["path"]), str(d["sha256"]), str(d["label"]))
+    def from_dict(cls, d: dict, where: str = "source") -> SourceRef:
+        d = check_dict(d, where, "source")
+        return cls(*(check_str(require(d, k, where), where, k, empty=True) for k in ("path", "sha256", "label")))
 
 
 def read_json_object(path: Path, what: str, hint: str) -> dict:
-    """Read a JSON object from `path`; missing file, bad JSON or a non-object -> UserError."""
-    if not path.is_file():
+    """Read a JSON object from `path`; missing file, non-UTF-8 text, bad JSON or a non-object -> UserError."""
+    path = Path(path)
+    if not path.exists():
         raise UserError(f"{what} {path} not found: {hint}")
-    try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{what} {path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    d = parse_json(read_text(path, what), f"{what} {path}")
     if not isinstance(d, dict):
         raise UserError(f"{what} {path} is malformed: expected a JSON object")
     return d
@@ -503,6 +654,82 @@ def read_json_object(path: Path, what: str, hint: str) -> dict:
 
 COMPUTE_COLUMNS = ("op", "model", "tp", "tokens", "kv_len", "ms")
 COMM_COLUMNS = ("collective", "group_size", "bytes", "ms")
+COMPUTE_KEY = ("op", "model", "tp", "tokens", "kv_len")  # one row per key: a second is refused
+COMM_KEY = ("collective", "group_size", "bytes")
+_TEXT_COLUMNS = ("op", "model", "collective")
+_INT_COLUMNS = {"tp": 1, "tokens": 0, "kv_len": 0, "group_size": 1, "bytes": 0}  # column -> lowest value
+
+
+def _check_table(df: pd.DataFrame, file: str, cols: tuple[str, ...], key: tuple[str, ...]) -> None:
+    """One profile table: every column present, text keys, integer sizes, finite ms >= 0 and no
+    key twice; a bad cell -> UserError naming `file`, the row (1 = the first after the header),
+    the column and the value."""
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise UserError(f"{file} lacks columns {', '.join(missing)} (it needs {', '.join(cols)})")
+
+    def bad(col: str, mask: pd.Series, what: str) -> None:
+        if mask.any():
+            i = int(mask.to_numpy().nonzero()[0][0])
+            raise UserError(f"{file} row {i + 1} column {col}: {_show(df[col].iloc[i])} {what}")
+
+    for c in cols:
+        col = df[c]
+        bad(c, col.isna(), "is empty or NaN: fill it with a measured value or re-profile")
+        if c in _TEXT_COLUMNS:
+            bad(c, ~col.map(lambda v: isinstance(v, str) and bool(v.strip())).astype(bool), "is not a name")
+            continue
+        num = pd.to_numeric(col, errors="coerce") if not pd.api.types.is_numeric_dtype(col) else col
+        bad(c, num.isna() | pd.Series(pd.api.types.is_bool_dtype(num), index=num.index), "is not a number")
+        num = num.astype(float)
+        bad(c, ~pd.Series(np.isfinite(num.to_numpy()), index=num.index), "is not finite")
+        if c in _INT_COLUMNS:
+            bad(c, num != num.round(), "is not an integer")
+            bad(c, num < _INT_COLUMNS[c], f"must be >= {_INT_COLUMNS[c]}")
+            bad(c, num > 2**53, "is too large")
+        else:
+            bad(c, num < 0, "is negative")
+    dup = df.duplicated(list(key), keep=False)
+    if dup.any():
+        rows = dup.to_numpy().nonzero()[0]
+        first = df.iloc[rows[0]]
+        same = [int(r) + 1 for r in rows if all(df.iloc[r][k] == first[k] for k in key)]
+        desc = ", ".join(f"{k}={first[k]}" for k in key)
+        raise UserError(f"{file} has {len(same)} rows for one key ({desc}; rows {', '.join(map(str, same[:4]))}): "
+                        "re-run the profile into an empty folder or remove the duplicate rows")
+
+
+def _check_profile_meta(meta: Any, file: str) -> None:
+    """meta.json: an object whose fields that swiftspec reads have the right types."""
+    if not isinstance(meta, dict):
+        raise UserError(f"{file} is malformed: expected a JSON object")
+    if "source" not in meta:
+        raise UserError(f"{file} lacks 'source' (measured or derived)")
+    check_str(meta["source"], file, "source")
+    for k in ("device", "weight_format"):
+        if meta.get(k) is not None:
+            check_str(meta[k], file, k)
+    if meta.get("memory_bytes") is not None:
+        check_number(meta["memory_bytes"], file, "memory_bytes", lo=0)
+    if meta.get("unmeasured") is not None and not (
+            isinstance(meta["unmeasured"], list) and all(isinstance(u, str) for u in meta["unmeasured"])):
+        raise UserError(f"{file}: unmeasured must be a list of strings, got {_show(meta['unmeasured'])}")
+
+
+def _read_csv(path: Path, what: str) -> pd.DataFrame:
+    """A profile CSV (UTF-8) as a DataFrame; unparseable text -> UserError naming the file."""
+    text = read_text(path, what)
+    try:
+        df = pd.read_csv(io.StringIO(text))
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{what} {path} is empty: it needs a header line") from None
+    except (ValueError, pd.errors.ParserError) as e:
+        raise UserError(f"{what} {path} is malformed: {str(e).splitlines()[0]}") from None
+    for c in df.columns:  # integral floats (2.0) in a size column: read as integers
+        if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].notna().all() and \
+                np.isfinite(df[c]).all() and (df[c] == df[c].round()).all() and (df[c].abs() <= 2**53).all():  # fmt: skip
+            df[c] = df[c].astype("int64")
+    return df
 
 
 def profile_path(folder: str | Path) -> Path:
@@ -557,14 +784,10 @@ class Profile:
         return str(src)
 
     def validate(self, where: str = "profile") -> None:
-        for name, df, cols in (("compute", self.compute, COMPUTE_COLUMNS), ("comm", self.comm, COMM_COLUMNS)):
-            missing = [c for c in cols if c not in df.columns]
-            if missing:
-                raise UserError(f"{where}: {name} table lacks columns {', '.join(missing)}")
-            if df["ms"].isna().any() or (df["ms"] < 0).any():
-                raise UserError(f"{where}: {name} table has missing or negative ms values")
-        if "source" not in self.meta:
-            raise UserError(f"{where}: meta.json lacks 'source' (measured or derived)")
+        """Columns, cell types and ranges, unique keys and meta fields (`_check_table`)."""
+        _check_table(self.compute, f"{where}/compute.csv", COMPUTE_COLUMNS, COMPUTE_KEY)
+        _check_table(self.comm, f"{where}/comm.csv", COMM_COLUMNS, COMM_KEY)
+        _check_profile_meta(self.meta, f"{where}/meta.json")
 
     def save(self, folder: str | Path) -> None:
         """Write the three files; the folder appears complete or not at all."""
@@ -579,14 +802,14 @@ class Profile:
         p = profile_path(folder)
         if not p.is_dir():
             raise UserError(f"profile {p} not found: give a folder holding compute.csv, comm.csv, meta.json")
-        try:
-            compute = pd.read_csv(p / "compute.csv")
-            comm = pd.read_csv(p / "comm.csv") if (p / "comm.csv").exists() else pd.DataFrame(columns=COMM_COLUMNS)
-            meta = json.loads((p / "meta.json").read_text())
-        except FileNotFoundError as e:
-            raise UserError(f"profile {p} lacks {Path(e.filename).name}") from None
-        except (ValueError, pd.errors.ParserError) as e:
-            raise UserError(f"profile {p} is malformed: {str(e).splitlines()[0]}") from None
+        for name in ("compute.csv", "meta.json"):
+            if not (p / name).exists():
+                raise UserError(f"profile {p} lacks {name}: give a folder holding compute.csv, comm.csv, meta.json")
+        compute = _read_csv(p / "compute.csv", "profile table")
+        comm = (_read_csv(p / "comm.csv", "profile table") if (p / "comm.csv").exists()
+                else pd.DataFrame({"collective": pd.Series(dtype=str), "group_size": pd.Series(dtype="int64"),
+                                   "bytes": pd.Series(dtype="int64"), "ms": pd.Series(dtype=float)}))
+        meta = parse_json(read_text(p / "meta.json", "profile meta"), f"profile meta {p / 'meta.json'}")
         prof = cls(compute=compute, comm=comm, meta=meta)
         prof.validate(str(p))
         return prof
@@ -643,26 +866,39 @@ class AcceptanceProfile:
         for t in self.traces:
             if any((not isinstance(r, int)) or r < -1 for r in t):
                 raise UserError(f"{where}: traces hold ranks (integers >= -1)")
+        if self.top_k and any(r >= self.top_k for t in self.traces for r in t):
+            raise UserError(f"{where}: traces hold ranks below top_k {self.top_k} (or -1)")
+        if any(len(t) != len(q) for t, q in zip(self.traces, self.trace_probs)):
+            raise UserError(f"{where}: each trace_probs list must be as long as its trace")
         if "source" not in self.meta:
             raise UserError(f"{where}: meta lacks 'source' (measured or synthetic)")
+        if not isinstance(self.meta["source"], str):
+            raise UserError(f"{where}: meta source must be a string (measured or synthetic)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "acceptance profile") -> AcceptanceProfile:
-        try:
-            ap = cls(
-                positional=[float(x) for x in d["positional"]],
-                draft_prob_by_rank=[float(x) for x in d["draft_prob_by_rank"]],
-                traces=[[int(r) for r in t] for t in d.get("traces", [])],
-                trace_probs=[[float(x) for x in t] for t in d.get("trace_probs", [])],
-                top_k=int(d.get("top_k", 0)),
-                accepted={str(k): float(v) for k, v in d.get("accepted", {}).items()},
-                meta=dict(d.get("meta", {})),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"{where} is malformed: {type(e).__name__} {e}") from None
+        d = check_dict(d, where, "acceptance profile")
+
+        def probs(v: Any, name: str) -> list[float]:
+            return [check_number(x, where, f"{name}[{i}]", 0.0, 1.0) for i, x in enumerate(check_list(v, where, name))]
+
+        def nested(key: str, one: Callable[[Any, str], Any]) -> list:
+            return [[one(x, f"{key}[{i}][{j}]") for j, x in enumerate(check_list(t, where, f"{key}[{i}]"))]
+                    for i, t in enumerate(check_list(d.get(key, []), where, key))]
+
+        acc = check_dict(d.get("accepted", {}), where, "accepted")
+        ap = cls(
+            positional=probs(require(d, "positional", where), "positional"),
+            draft_prob_by_rank=probs(require(d, "draft_prob_by_rank", where), "draft_prob_by_rank"),
+            traces=nested("traces", lambda x, n: check_int(x, where, n, lo=-1)),
+            trace_probs=nested("trace_probs", lambda x, n: check_number(x, where, n, 0.0, 1.0)),
+            top_k=check_int(d.get("top_k", 0), where, "top_k", lo=0),
+            accepted={str(k): check_number(v, where, f"accepted[{k!r}]", lo=0) for k, v in acc.items()},
+            meta=dict(check_dict(d.get("meta", {}), where, "meta")),
+        )
         ap.validate(where)
         return ap
 
@@ -700,15 +936,13 @@ class Prediction:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Prediction:
-        return cls(
-            tokens_per_s_mean=float(d["tokens_per_s_mean"]),
-            tokens_per_s_p50=float(d["tokens_per_s_p50"]),
-            tokens_per_s_p95=float(d["tokens_per_s_p95"]),
-            mean_accepted=float(d["mean_accepted"]),
-            iteration_ms=float(d["iteration_ms"]),
-            breakdown_ms={str(k): float(v) for k, v in d.get("breakdown_ms", {}).items()},
-        )
+    def from_dict(cls, d: dict, where: str = "prediction") -> Prediction:
+        d = check_dict(d, where, "prediction")
+        keys = ("tokens_per_s_mean", "tokens_per_s_p50", "tokens_per_s_p95", "mean_accepted", "iteration_ms")
+        vals = {k: check_number(require(d, k, where), where, f"prediction {k}", lo=0) for k in keys}
+        bd = check_dict(d.get("breakdown_ms", {}), where, "prediction breakdown_ms")
+        return cls(**vals, breakdown_ms={str(k): check_number(v, where, f"breakdown_ms[{k!r}]")
+                                         for k, v in bd.items()})
 
 
 @dataclass(frozen=True)
@@ -738,7 +972,7 @@ class Plan:
         if self.mode is not Mode.autoregressive and not self.draft:
             raise UserError(f"{self.mode} mode needs a draft model")
         if self.device not in ("cuda", "cpu"):
-            raise UserError(f"device must be cuda or cpu, got {self.device!r}")
+            raise UserError(f"device must be cuda or cpu, got {_show(self.device)}")
 
     def to_dict(self) -> dict:
         return {
@@ -758,24 +992,29 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "plan") -> Plan:
+        d = check_dict(d, where, "plan")
+        draft = d.get("draft")
+        mode = require(d, "mode", where)
+        opt = {k: None if d.get(k) is None or d.get(k) == {} else d[k] for k in ("prediction", "profile", "acceptance")}
+        plan = cls(
+            target=check_str(require(d, "target", where), where, "target"),
+            draft=None if draft is None else check_str(draft, where, "draft"),
+            split=Split.from_dict(require(d, "split", where), where),
+            mode=_parse_mode(check_str(mode, where, "mode"), where),
+            policy=TreePolicy.from_dict(require(d, "policy", where), where),
+            prediction=Prediction.from_dict(opt["prediction"], where) if opt["prediction"] is not None else None,
+            profile=SourceRef.from_dict(opt["profile"], f"{where} profile") if opt["profile"] is not None else None,
+            acceptance=(SourceRef.from_dict(opt["acceptance"], f"{where} acceptance")
+                        if opt["acceptance"] is not None else None),
+            device=check_str(d.get("device", "cuda"), where, "device"),
+            gpus_per_node=check_int(d.get("gpus_per_node", 8), where, "gpus_per_node", lo=1),
+            max_len=check_int(d.get("max_len", 4096), where, "max_len", lo=1),
+            meta=dict(check_dict(d.get("meta", {}), where, "meta")),
+        )
         try:
-            plan = cls(
-                target=str(d["target"]),
-                draft=d.get("draft"),
-                split=Split.from_dict(d["split"]),
-                mode=Mode.parse(d["mode"]),
-                policy=TreePolicy.from_dict(d["policy"]),
-                prediction=Prediction.from_dict(d["prediction"]) if d.get("prediction") else None,
-                profile=SourceRef.from_dict(d["profile"]) if d.get("profile") else None,
-                acceptance=SourceRef.from_dict(d["acceptance"]) if d.get("acceptance") else None,
-                device=d.get("device", "cuda"),
-                gpus_per_node=int(d.get("gpus_per_node", 8)),
-                max_len=int(d.get("max_len", 4096)),
-                meta=dict(d.get("meta", {})),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"{where} is malformed: {type(e).__name__} {e}") from None
-        plan.validate()
+            plan.validate()
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
         return plan
 
     def save(self, path: str | Path) -> None:

@@ -32,6 +32,12 @@ starts later than the back-to-back replays the profile timed; that launch latenc
 host terms. On CUDA a reference fit on the old tiny model (2 layers,
 vocab 256) is logged too (`host_reference`), for comparison only.
 
+Before anything is built: every pair's vocabulary (`runtime.vocab.shared_vocab`; a padded pair
+runs over its shared ids) and the memory of the models and caches (`preflight`). A profile
+measured on another GPU, dtype or weight format than the run's is reported as `not comparable:
+profile <...> vs run <...>`: its predictions are kept (column `comparable` false) but no error is
+printed across them.
+
 Outputs (folder -o): report.csv (one row per configuration), report.json (rows, summary: median
 and max |error|, and meta: run_metadata(), profile / acceptance labels, weights), host.csv.
 """
@@ -55,7 +61,8 @@ import torch
 from scipy.optimize import nnls
 
 from swiftspec.files import atomic_dir, run_metadata
-from swiftspec.run import rank_paths
+from swiftspec.preflight import check_models, model_spec
+from swiftspec.run import not_comparable, profile_conditions, rank_paths, run_conditions
 from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
 from swiftspec.runtime.graphs import ForwardClock
@@ -63,19 +70,37 @@ from swiftspec.runtime.kernel_config import KernelConfig, kernel_mismatch
 from swiftspec.runtime.launch import load_prompts
 from swiftspec.runtime.synthetic import SyntheticVerifier, rank_logprobs
 from swiftspec.runtime.tree import tree_slots_needed
-from swiftspec.runtime.weights import load_model
+from swiftspec.runtime.vocab import shared_vocab, vocab_cut
+from swiftspec.runtime.weights import check_checkpoints, load_model
 from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
 from swiftspec.sim.latency import LatencyModel
 from swiftspec.sim.predict_run import RunWorkload, predict_run, run_trajectories
 from swiftspec.sim.profile_default import default_profile
 from swiftspec.sim.tree_dp import best_static_tree
-from swiftspec.spec import AcceptanceProfile, Mode, ModelSpec, Profile, Split, TreePolicy, UserError
+from swiftspec.spec import (
+    AcceptanceProfile,
+    Mode,
+    ModelSpec,
+    Profile,
+    Split,
+    TreePolicy,
+    UserError,
+    check_dict,
+    check_int,
+    check_list,
+    check_number,
+    check_str,
+    parse_json,
+    read_text,
+    require,
+)
 
 REPORT_COLUMNS = (
     "config", "target", "draft", "mode", "policy", "prompts", "max_new_tokens",
     "predicted_tokens_per_s", "measured_tokens_per_s", "error_pct",
     "predicted_accepted", "measured_accepted", "predicted_iteration_ms", "measured_iteration_ms",
     "measured_forward_ms", "measured_host_ms", "predicted_host_ms", "passes", "measured_spread_pct",
+    "comparable",
 )
 CUDA_PAIRS = (("Llama-3-8B", "Llama-3.2-1B"), ("Llama-3.2-3B", "Llama-3.2-1B"), ("Llama-3.2-1B", "Llama-3.2-1B"))
 DYNAMIC = ((4, 2, 2), (8, 8, 3), (16, 4, 4))  # (bs, w, d) of the serial configurations
@@ -208,9 +233,10 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
     logq = tuple(rank_logprobs(acceptance))
     paths = rank_paths(acceptance, prompts, new_tokens + 64, seed + 1)
     gen = torch.Generator().manual_seed(seed)
-    ids = [torch.randint(0, tmodel.spec.vocab, (24,), generator=gen).tolist() for _ in range(prompts)]
-    t_runner = ModelRunner(tmodel, 1024)
-    d_runner = ModelRunner(dmodel, 1024)
+    shared = min(tmodel.spec.vocab, dmodel.spec.vocab)  # a padded pair runs over its shared ids
+    ids = [torch.randint(0, shared, (24,), generator=gen).tolist() for _ in range(prompts)]
+    t_runner = ModelRunner(tmodel, 1024, vocab_limit=vocab_cut(tmodel.spec.vocab, shared))
+    d_runner = ModelRunner(dmodel, 1024, vocab_limit=vocab_cut(dmodel.spec.vocab, shared))
     fixed = {id(r): replay_ms(r) for r in (t_runner, d_runner)}
     clock = ForwardClock([t_runner, d_runner], fixed_ms=fixed)
     X, y = [], []
@@ -391,6 +417,8 @@ def validate(
     pairs = list(pairs or (CUDA_PAIRS if device == "cuda" else ()))
     if not pairs:
         raise UserError("give model pairs: --pairs TARGET:DRAFT,... (on cpu: checkpoint folders or bundled names)")
+    if weights == "checkpoint":  # a truncated file or weights unlike the config: one line, before any model
+        check_checkpoints(*dict.fromkeys(name for pair in pairs for name in pair))
 
     profile = profile or _default_profile(device)
     if profile is None:
@@ -414,6 +442,20 @@ def validate(
     acc_model = AcceptanceModel(acc)
 
     cfgs = default_configs(pairs, acc.positional, configs)
+    shared = {(t, d): shared_vocab(t, d) for t, d in pairs}  # the one mismatch line of every verb
+
+    # prompts and rank paths: the same for every configuration
+    vocab = min(shared.values())
+    ids, how = load_prompts("builtin", pairs[0][0], vocab, prompts)
+    paths = rank_paths(acc, len(ids), max_new_tokens + 64, seed)
+    logq = tuple(rank_logprobs(acc))
+    prompt_lens = [len(p) for p in ids]
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    memory = check_models(device, sweep_models(cfgs, ids, max_new_tokens, dtype, weight_format), "this sweep",
+                          shared_weights=True)
+    label = not_comparable(profile_conditions(prof.meta, device), run_conditions(device, dtype, weight_format))
+    if label:
+        say(f"{label}: predictions are made, errors are not computed")
     base_lat = LatencyModel(prof)
     lats: dict[Config, LatencyModel] = {c: base_lat for c in cfgs}
     host_fit, host_rows = None, None
@@ -441,19 +483,13 @@ def validate(
             say(f"host fit {key}: {_fit_line(fit)}")
             _use_for_pair(lats, base_lat, t_name, d_name, LatencyModel(with_host_rows(prof, rows)))
 
-    # prompts and rank paths: the same for every configuration
-    vocab = min(ModelSpec.from_config(t).vocab for pair in pairs for t in pair)
-    ids, how = load_prompts("builtin", pairs[0][0], vocab, prompts)
-    paths = rank_paths(acc, len(ids), max_new_tokens + 64, seed)
-    logq = tuple(rank_logprobs(acc))
-    prompt_lens = [len(p) for p in ids]
-
     # 1. predictions, recorded before anything runs
     preds = _predict_all(cfgs, lats, acc_model, prompt_lens, max_new_tokens, paths, say)
 
     # 2. run them all in this process
-    measured = _run_all(cfgs, ids, paths, logq, sweep, KernelConfig.resolve(device, weight_format=weight_format), say)
-    table = _report_table(cfgs, preds, measured, len(ids), max_new_tokens)
+    measured = _run_all(cfgs, ids, paths, logq, sweep, KernelConfig.resolve(device, weight_format=weight_format), say,
+                        shared)
+    table = _report_table(cfgs, preds, measured, len(ids), max_new_tokens, comparable=label is None)
     meta = {**run_metadata(device), "profile": profile or "builtin:h200-derived", "profile_label": prof_label,
             "acceptance": acceptance or "builtin:qwen2-72b-table7", "acceptance_label": acc_label,
             "weights": weights, "weight_format": weight_format, "device": device, "gpus": gpus,
@@ -461,6 +497,7 @@ def validate(
             "prompts": len(ids), "prompt_lens": prompt_lens, "tokenized_with": how,
             "max_new_tokens": max_new_tokens, "seed": seed, "passes": passes,
             "host_calibration": host_fit, "load": _load(), "profile_kernel_mismatch": stale,
+            "dtype": dtype, "memory": memory, "comparable": label is None, "comparability": label or "comparable",
             "notes": "predicted: simulated for this run's own workload (prompt lengths, max_new_tokens, the "
                      "rank paths the synthetic verifier replays); measured: decode tokens/s (prefill excluded), "
                      "mean over prompts; forward_ms / host_ms: per iteration, device time of the forwards "
@@ -508,7 +545,9 @@ def _predict_all(cfgs: list[Config], lats: dict, acc_model, prompt_lens: list[in
 
 
 def _report_table(cfgs: list[Config], preds: dict[Config, dict], measured: dict[Config, dict], prompts: int,
-                  max_new: int) -> pd.DataFrame:
+                  max_new: int, comparable: bool = True) -> pd.DataFrame:
+    """One row per configuration (REPORT_COLUMNS). comparable: the profile was measured on the
+    run's device, dtype and weight format (else `error_pct` is kept but not shown as an error)."""
     rows = []
     for c in cfgs:
         p, m = preds[c], measured[c]
@@ -521,7 +560,7 @@ def _report_table(cfgs: list[Config], preds: dict[Config, dict], measured: dict[
                      "predicted_iteration_ms": p.get("iteration_ms"), "measured_iteration_ms": m["iteration_ms"],
                      "measured_forward_ms": m["forward_ms"], "measured_host_ms": m["host_ms"],
                      "predicted_host_ms": p.get("host_ms"), "passes": m.get("passes", 1),
-                     "measured_spread_pct": m.get("spread_pct")})  # fmt: skip
+                     "measured_spread_pct": m.get("spread_pct"), "comparable": comparable})  # fmt: skip
     return pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
 
 
@@ -536,53 +575,107 @@ def read_sweep(source: str | Path) -> dict:
     """The measured side of a sweep: {"pairs", "prompts", "max_new_tokens", "seed", "fits": {pair:
     fit}, "measured": {config label: {"tokens_per_s", "accepted", "iteration_ms", "forward_ms",
     "host_ms"}}} from a report.json (or its folder) or from the log `validate` prints (the table
-    and the "host fit" lines; seed 0)."""
+    and the "host fit" lines; seed 0). Every field is type-checked: a bad one -> UserError naming
+    the file and the field (or line)."""
     path = Path(source)
     if path.is_dir():
         path = path / "report.json"
     if not path.is_file():
         raise UserError(f"{source}: no such file (give a validation report.json, its folder, or a validation log)")
-    text = path.read_text()
+    text = read_text(path, "validation report")
+    where = f"validation report {source}"
     if path.suffix == ".json":
-        try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise UserError(f"{source} is not valid JSON: {e}") from None
-        meta, fits = doc.get("meta", {}), dict(doc.get("meta", {}).get("host_calibration") or {})
-        measured = {r["config"]: {"tokens_per_s": r["measured_tokens_per_s"], "accepted": r["measured_accepted"],
-                                  "iteration_ms": r["measured_iteration_ms"], "forward_ms": r["measured_forward_ms"],
-                                  "host_ms": r["measured_host_ms"], "passes": r.get("passes", 1),
-                                  "spread_pct": r.get("measured_spread_pct")} for r in doc.get("rows", [])}  # fmt: skip
-        sweep = {"pairs": [tuple(p) for p in meta.get("pairs", [])], "prompts": meta.get("prompts"),
-                 "max_new_tokens": meta.get("max_new_tokens"), "seed": meta.get("seed", 0)}
+        sweep, fits, measured = _sweep_from_json(parse_json(text, where), where)
     else:
-        fits, measured, sweep = {}, {}, {"pairs": [], "prompts": None, "max_new_tokens": None, "seed": 0}
-        header = False
-        for line in text.splitlines():
-            line = line.rstrip()
-            if m := _LOG_FIT.match(line):
-                fits[m["key"]] = {**json.loads(m["terms"]), "base": json.loads(m["base"])}
-            elif m := _LOG_WORKLOAD.match(line):
-                sweep["prompts"], sweep["max_new_tokens"] = int(m["prompts"]), int(m["new"])
-            elif line.lstrip().startswith("config pred tok/s"):
-                header = True
-            elif header and line.startswith("median |error|"):
-                header = False
-            elif header and line.strip():
-                cells = line.split()
-                if len(cells) < 10:
-                    continue
-                label, v = " ".join(cells[:-9]), cells[-9:]
-                num = lambda x: float(x) if x not in ("-", "nan") else float("nan")  # noqa: E731
-                measured[label] = {"tokens_per_s": num(v[1]), "accepted": num(v[4]), "iteration_ms": num(v[6]),
-                                   "forward_ms": num(v[7]), "host_ms": num(v[8])}
-        sweep["pairs"] = [tuple(k.split("+", 1)) for k in fits if "+" in k]
+        sweep, fits, measured = _sweep_from_log(text, where)
     fits = {k: f for k, f in fits.items() if "+" in k}  # the reference fit on the tiny model is not a pair's
     if not measured or not sweep["prompts"] or not sweep["max_new_tokens"]:
         raise UserError(f"{source}: not a validation report or log (no measured table / workload line)")
+    check_int(sweep["prompts"], where, "prompts", lo=1)
+    check_int(sweep["max_new_tokens"], where, "max_new_tokens", lo=1)
+    check_int(sweep["seed"], where, "seed")
     if not fits:
         raise UserError(f"{source}: has no per-pair host calibration; re-run validate with --calibrate-host")
+    for key, fit in fits.items():
+        fw = f"{where} host fit {key}"
+        check_dict(fit, fw, "fit")
+        for term in ("per_forward", "per_token", "per_node"):
+            check_number(require(fit, term, fw), fw, term)
+        for mode, ms in check_dict(require(fit, "base", fw), fw, "base").items():
+            check_number(ms, fw, f"base[{mode!r}]")
     return {**sweep, "fits": fits, "measured": measured}
+
+
+def _sweep_from_json(doc: object, where: str) -> tuple[dict, dict, dict]:
+    """(sweep, fits, measured) of a report.json document (`read_sweep`)."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{where} is malformed: expected a JSON object")
+    meta = check_dict(doc.get("meta", {}), where, "meta")
+    fits = dict(check_dict(meta.get("host_calibration") or {}, where, "meta host_calibration"))
+
+    def value(r: dict, key: str, i: int) -> float | None:
+        v = r.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UserError(f"{where}: rows[{i}] {key} must be a number, got {v!r:.40}")
+        return v
+
+    measured = {}
+    for i, r in enumerate(check_list(doc.get("rows", []), where, "rows")):
+        check_dict(r, where, f"rows[{i}]")
+        measured[check_str(require(r, "config", f"{where} rows[{i}]"), where, f"rows[{i}] config")] = {
+            "tokens_per_s": value(r, "measured_tokens_per_s", i), "accepted": value(r, "measured_accepted", i),
+            "iteration_ms": value(r, "measured_iteration_ms", i), "forward_ms": value(r, "measured_forward_ms", i),
+            "host_ms": value(r, "measured_host_ms", i), "passes": value(r, "passes", i) or 1,
+            "spread_pct": value(r, "measured_spread_pct", i)}  # fmt: skip
+    pairs = []
+    for i, pr in enumerate(check_list(meta.get("pairs", []), where, "meta pairs")):
+        if not (isinstance(pr, list) and len(pr) == 2 and all(isinstance(x, str) and x for x in pr)):
+            raise UserError(f"{where}: meta pairs[{i}] must be [target, draft] (two model names), got {pr!r:.60}")
+        pairs.append(tuple(pr))
+    sweep = {"pairs": pairs, "prompts": meta.get("prompts"), "max_new_tokens": meta.get("max_new_tokens"),
+             "seed": meta.get("seed", 0)}
+    return sweep, fits, measured
+
+
+def _log_cell(x: str, where: str) -> float:
+    """A number of the printed table (`-` or nan: not measured)."""
+    if x in ("-", "nan"):
+        return float("nan")
+    try:
+        return float(x)
+    except ValueError:
+        raise UserError(f"{where}: table cell {x!r:.30} is not a number") from None
+
+
+def _sweep_from_log(text: str, where: str) -> tuple[dict, dict, dict]:
+    """(sweep, fits, measured) of the log `validate` prints (`read_sweep`)."""
+    fits, measured, sweep = {}, {}, {"pairs": [], "prompts": None, "max_new_tokens": None, "seed": 0}
+    header = False
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.rstrip()
+        lw = f"{where} line {n}"
+        if m := _LOG_FIT.match(line):
+            fits[m["key"]] = {**check_dict(parse_json(m["terms"], lw), lw, "host fit terms"),
+                              "base": check_dict(parse_json(m["base"], lw), lw, "host fit base")}
+        elif m := _LOG_WORKLOAD.match(line):
+            if len(m["prompts"]) > 9 or len(m["new"]) > 9:
+                raise UserError(f"{lw}: the workload's numbers are out of range")
+            sweep["prompts"], sweep["max_new_tokens"] = int(m["prompts"]), int(m["new"])
+        elif line.lstrip().startswith("config pred tok/s"):
+            header = True
+        elif header and line.startswith("median |error|"):
+            header = False
+        elif header and line.strip():
+            cells = line.split()
+            if len(cells) < 10:
+                continue
+            label, v = " ".join(cells[:-9]), cells[-9:]
+            measured[label] = {k: _log_cell(v[i], lw) for k, i in (("tokens_per_s", 1), ("accepted", 4),
+                               ("iteration_ms", 6), ("forward_ms", 7), ("host_ms", 8))}
+    sweep["pairs"] = [tuple(k.split("+", 1)) for k in fits if "+" in k]
+    return sweep, fits, measured
 
 
 def repredict(source: str | Path, profile: str | None = None, acceptance: str | None = None,
@@ -660,13 +753,26 @@ def _load() -> list[float] | None:
         return None
 
 
+def sweep_models(cfgs: list[Config], ids: list[list[int]], max_new: int, dtype: str,
+                 weight_format: str) -> list[tuple[ModelSpec, int]]:
+    """What `_run_all` holds at once, for the memory check: one (spec, KV slots) per runner, a
+    runner per model and role (the weights of a model in two roles are loaded once)."""
+    longest = max(len(p) for p in ids)
+    slots = max(cache_slots(longest, max_new, c.policy, draft=True) for c in cfgs) + 8
+    roles = {(c.target, "target") for c in cfgs} | {(c.draft, "draft") for c in cfgs if c.draft}
+    return [(model_spec(name, dtype, weight_format), slots) for name, _ in sorted(roles)]
+
+
 def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], logq: tuple[float, ...],
-             sweep: SweepOptions, kernels: KernelConfig, say: Callable[[str], None]) -> dict[Config, dict]:
+             sweep: SweepOptions, kernels: KernelConfig, say: Callable[[str], None],
+             shared: dict[tuple[str, str], int] | None = None) -> dict[Config, dict]:
     """Run every configuration (models and runners made once, reused) `sweep.passes` times, all
     configurations once per pass; measured numbers per config: the median over passes of each
     pass's means over prompts (`_measure`), so a slow spell of the host during one pass does not
     decide a configuration's number; `passes` and `spread_pct` (max - min tokens/s over passes, %
-    of the median) say how steady it was. kernels: the models' (weight format: the profile's)."""
+    of the median) say how steady it was. kernels: the models' (weight format: the profile's).
+    shared: (target, draft) -> the pair's shared ids (`runtime.vocab`): both models' logits are cut
+    there in that pair's configurations."""
     device, weights, seed, max_new, passes = sweep.device, sweep.weights, sweep.seed, sweep.max_new_tokens, sweep.passes
     weight_format = kernels.weight_format
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -688,11 +794,13 @@ def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], l
             say(f"loaded {Path(name).name} ({weights} weights{fmt}) in {time.perf_counter() - t0:.1f} s")
         return models[key]
 
-    def runner(name: str, role: str) -> ModelRunner:
-        key = (name, role)
+    def runner(name: str, role: str, vocab: int | None = None) -> ModelRunner:
+        m = model(name, role)
+        cut = vocab_cut(m.spec.vocab, vocab)
+        key = (name, role, cut)
         if key not in runners:
             t0 = time.perf_counter()
-            runners[key] = ModelRunner(model(name, role), slots, max_tree=max_tree)
+            runners[key] = ModelRunner(m, slots, max_tree=max_tree, vocab_limit=cut)
             say(f"runner {Path(name).name} ({role}): {slots} KV slots, tree masks <= {max_tree}, graphs in "
                 f"{time.perf_counter() - t0:.1f} s")
         return runners[key]
@@ -706,7 +814,9 @@ def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], l
             if c in failed:
                 continue
             try:
-                seen[c].append(_measure(c, runner, ids, paths, logq, max_new, device, warm=p == 0))
+                vocab = (shared or {}).get((c.target, c.draft)) if c.draft else None
+                run = lambda name, role, v=vocab: runner(name, role, v)  # noqa: E731
+                seen[c].append(_measure(c, run, ids, paths, logq, max_new, device, warm=p == 0))
             except (RuntimeError, ValueError) as e:  # one broken configuration must not sink the sweep
                 say(f"[{i + 1}/{len(cfgs)}] {c.label} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
                 failed.add(c)
@@ -767,10 +877,11 @@ def _measure(c: Config, runner, ids: list[list[int]], paths: list[list[int]], lo
 def format_report(rep: ValidationReport) -> str:
     """The table `swiftspec validate` prints, then the summary line and labels."""
     t = rep.rows
+    comparable = bool(rep.meta.get("comparable", True))
     show = pd.DataFrame({
         "config": t["config"], "pred tok/s": t["predicted_tokens_per_s"].map(_f1),
         "meas tok/s": t["measured_tokens_per_s"].map(_f1),
-        "error": t["error_pct"].map(lambda x: "-" if x is None or x != x else f"{x:+.1f}%"),
+        "error": t["error_pct"].map(lambda x: "-" if x is None or x != x else f"{x:+.1f}%" if comparable else "n/c"),
         "pred acc": t["predicted_accepted"].map(_f2), "meas acc": t["measured_accepted"].map(_f2),
         "pred iter ms": t["predicted_iteration_ms"].map(_f2), "meas iter ms": t["measured_iteration_ms"].map(_f2),
         "meas fwd ms": t["measured_forward_ms"].map(_f2), "meas host ms": t["measured_host_ms"].map(_f2),
@@ -784,7 +895,10 @@ def format_report(rep: ValidationReport) -> str:
         lines.insert(0, f"re-predicted: measured in {m['repredicted']['measured_in']}; {m['repredicted']['note']}")
     if m.get("profile_kernel_mismatch"):
         lines.insert(1, f"profile kernels differ from the runtime's: {'; '.join(m['profile_kernel_mismatch'])}")
-    if s.get("compared"):
+    if not comparable:
+        lines.append(f"{m['comparability']}: predictions shown, no error computed (report.csv keeps the numbers, "
+                     "column `comparable`)")
+    elif s.get("compared"):
         lines.append(f"median |error| {s['median_abs_error_pct']:.2f} %   max |error| {s['max_abs_error_pct']:.2f} % "
                      f"({s['worst']})   over {s['compared']} configurations; goal: {s['goal']}")
         if "forward_median_abs_error_pct" in s:

@@ -43,6 +43,14 @@ def test_plan_run_round_trip_with_synthetic_acceptance(make_checkpoint, tmp_path
     assert "acceptance: synthetic (unit-traces)" in proc.stdout
     assert "weights: random" in proc.stdout
     assert "async static-bs8" in proc.stdout and "autoregressive" in proc.stdout
+    # progress on stderr: the workers started, each model built, then one line per prompt and task
+    said = [x for x in proc.stderr.splitlines() if x.startswith("run: ")]
+    done = [x for x in said if " done, " in x]
+    tasks = ("async static-bs8", "serial static-bs8", "autoregressive")
+    assert [x.split(" done,")[0] for x in done] == [f"run: {t} prompt {i}/2" for t in tasks for i in (1, 2)], said
+    assert all(x.endswith(" tok/s") for x in done) and "run: " not in proc.stdout
+    built = {x.split(" built on")[0] for x in said if " built on rank " in x}
+    assert built == {f"run: target {target.name}", f"run: draft {draft.name}"}, said
 
     log = RunLog.load(out)
     it = pd.read_json(out / "iterations.jsonl", lines=True)  # loadable with plain pandas

@@ -357,8 +357,8 @@ def test_cli_fp8_is_labelled_and_lossless(make_checkpoint, monkeypatch, capsys) 
 BAD = {
     "missing": (lambda mk: ["--target", "/no/such/checkpoint", "--prompt-ids", "1,2"], "no/such/checkpoint"),
     "architecture": (lambda mk: ["--target", mk("llama", model_type="gpt2"), "--prompt-ids", "1,2"], "gpt2"),
-    "vocab": (lambda mk: ["--target", mk("llama"), "--draft", mk("llama", vocab_size=300), "--mode", "chain",
-                          "--prompt-ids", "1,2"], "vocabularies differ"),  # fmt: skip
+    "vocab": (lambda mk: ["--target", mk("llama"), "--draft", mk("llama", vocab_size=300, bos_token_id=7),
+                          "--mode", "chain", "--prompt-ids", "1,2"], "do not share a vocabulary"),  # fmt: skip
     "too-long": (lambda mk: ["--target", mk("llama"), "--prompt-ids", ",".join(["3"] * 40), "--max-len", 32],
                  "--max-len"),  # fmt: skip
     "cuda": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1,2", "--device", "cuda"], "no CUDA GPU"),
@@ -390,3 +390,19 @@ def test_cli_bad_input(case: str, make_checkpoint, monkeypatch, capsys) -> None:
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
     assert needle in lines[0]
+
+
+def test_cli_progress_on_stderr_quiet_with_json(make_checkpoint, monkeypatch, capsys) -> None:
+    """Model building and decoding print progress lines on stderr; --json prints none there."""
+    target = make_checkpoint("llama")
+    args = ["generate", "--target", target, "--draft", target, "--mode", "chain", "--d", 2,
+            "--prompt-ids", "1,2,3", "--max-new-tokens", 6, "--no-eos", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+    code, out, err = cli(args, monkeypatch, capsys)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert any(x.startswith("generate: target ") and " built (" in x for x in lines), err
+    assert any(x.startswith("generate: draft ") and " built (" in x for x in lines), err
+    assert lines[-1].startswith("generate: 6/6 tokens, ") and lines[-1].endswith(" tok/s"), err
+    assert not any("tokens" in x and x.startswith("generate:") for x in out.splitlines())
+    code, out, err = cli([*args, "--json"], monkeypatch, capsys)
+    assert code == 0 and err == "" and json.loads(out)["tokens"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -99,4 +100,28 @@ def test_run_refuses_bad_sampling_before_starting(make_checkpoint, tmp_path, mon
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert not (tmp_path / "log").exists()
+
+
+def test_run_refuses_truncated_checkpoint_before_starting(make_checkpoint, tmp_path, monkeypatch, capsys):
+    """`run --weights checkpoint` with a truncated safetensors file: one line naming the file and
+    exit 2, before any worker starts (no "worker processes started" line) or any file is written."""
+    from swiftspec.cli import main
+
+    draft = tmp_path / "draft"
+    shutil.copytree(make_checkpoint("llama"), draft)
+    data = (draft / "model.safetensors").read_bytes()
+    (draft / "model.safetensors").write_bytes(data[: len(data) - 100])
+    Plan(target=str(make_checkpoint("llama")), draft=str(draft), split=Split.disaggregated(1, 1),
+         mode=Mode.async_, policy=TreePolicy(bs=4, w=2, d=1), device="cpu").save(tmp_path / "plan.json")
+    monkeypatch.setattr(sys, "argv", ["swiftspec", "run", "--plan", str(tmp_path / "plan.json"), "--weights",
+                                      "checkpoint", "-o", str(tmp_path / "log")])  # fmt: skip
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: checkpoint file {draft / 'model.safetensors'} "), lines
+    assert "re-download" in lines[0]
     assert not (tmp_path / "log").exists()

@@ -21,7 +21,7 @@ from swiftspec.runtime.graphs import DEFAULT_BUCKETS
 from swiftspec.sim.latency import GRAPH_BUCKETS
 
 PACKAGE_DIR = Path(swiftspec.__file__).parent
-LOWER = ("swiftspec.spec", "swiftspec.files", "swiftspec.kernels", "swiftspec.runtime", "swiftspec.sim")
+LOWER = ("swiftspec.errors", "swiftspec.spec", "swiftspec.files", "swiftspec.kernels", "swiftspec.runtime", "swiftspec.sim")
 # Every other top-level module or package joins the lower layers (profiler, validate, studies, cli,
 # the run entry points, ...): found from the files, so a new joining module is covered too.
 JOINING = tuple(
@@ -39,7 +39,7 @@ FORBIDDEN = {
     "swiftspec.runtime": ("swiftspec.sim", *JOINING),
     "swiftspec.sim": ("swiftspec.runtime", *JOINING),
     "swiftspec.spec": ("swiftspec.kernels", "swiftspec.runtime", "swiftspec.sim", *JOINING),
-    "swiftspec.files": ("swiftspec.kernels", "swiftspec.runtime", "swiftspec.sim", *JOINING),
+    "swiftspec.files": ("swiftspec.spec", "swiftspec.kernels", "swiftspec.runtime", "swiftspec.sim", *JOINING),
 }
 
 # Function-level imports allowed anywhere: heavy or optional dependencies, imported where used.
@@ -59,9 +59,11 @@ LAZY_OK_IN = {
     ("swiftspec.cli", "torch"): "only the verbs that run models load torch",
     ("swiftspec.cli", "swiftspec.runtime"): "loads torch: generate only",
     ("swiftspec.cli", "swiftspec.run"): "loads torch: run only",
+    ("swiftspec.cli", "swiftspec.preflight"): "loads torch: the memory check of generate",
     ("swiftspec.cli", "swiftspec.validate"): "loads torch: validate only",
     ("swiftspec.cli", "swiftspec.profiler"): "loads torch: the profile verbs only",
     ("swiftspec.cli", "swiftspec.studies"): "loads matplotlib: study only",
+    ("swiftspec.options", "torch"): "whether a GPU is visible: only the verbs that run models ask",
 }
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,8 +25,14 @@ def test_draft_equal_to_target_accepts_everything(make_checkpoint, prompts_file,
     ckpt = make_checkpoint("llama", tokenizer=True)
     opts = AcceptanceOptions(prompts=str(prompts_file), max_new_tokens=10, top_k=4,
                              policies=("chain/bs3-w1-d2", "bs5-w1-d4", "serial/bs6-w2-d3"))
-    prof = profile_acceptance(ckpt, ckpt, opts, progress=False)
+    said: list[str] = []
+    prof = profile_acceptance(ckpt, ckpt, opts, progress=False, log=said.append)
     assert len(prof.traces) == 3 and all(len(t) >= 1 for t in prof.traces)
+    # without a bar: each model built, each prompt traced and each policy measured is a line
+    built = [x.split(" built")[0] for x in said[:2]]
+    assert built == [f"acceptance: {r} {ckpt.name}" for r in ("target", "draft")], said
+    assert [x.split(" (")[0] for x in said[2:5]] == [f"acceptance: traced prompt {i}/3" for i in (1, 2, 3)]
+    assert said[5:] == [f"acceptance: {k}: {v:.2f} tokens per verify" for k, v in prof.accepted.items()]
     assert all(r == 0 for t in prof.traces for r in t)
     assert prof.positional == [1.0, 0.0, 0.0, 0.0]
     # chain of k drafted tokens accepts all k plus the bonus token every verify
@@ -224,3 +231,19 @@ def test_real_pair_matches_shipped_profile(draft):
     for mine, theirs in zip(prof.traces, shipped.traces):
         assert mine == theirs[: len(mine)]
     assert prof.meta["lossless"]["chain/bs5-w1-d4"]
+
+
+def test_truncated_checkpoint_is_refused_before_any_model(make_checkpoint, tmp_path, monkeypatch):
+    """A truncated safetensors file: one line naming it, before the target (which is fine) is built."""
+    import shutil
+
+    import swiftspec.profiler.acceptance as acceptance
+
+    draft = tmp_path / "draft"
+    shutil.copytree(make_checkpoint("llama"), draft)
+    data = (draft / "model.safetensors").read_bytes()
+    (draft / "model.safetensors").write_bytes(data[: len(data) // 2])
+    monkeypatch.setattr(acceptance, "load_model", lambda *a, **k: pytest.fail("a model was built"))
+    where = re.escape(f"checkpoint file {draft / 'model.safetensors'} is not a readable")
+    with pytest.raises(UserError, match=where):
+        profile_acceptance(make_checkpoint("llama"), draft, AcceptanceOptions(num_prompts=1), progress=False)

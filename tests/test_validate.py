@@ -310,3 +310,40 @@ def test_fp8_profile_is_validated_on_fp8_models(make_checkpoint, tmp_path):
     assert not rep.meta.get("profile_kernel_mismatch")
     assert any("checkpoint weights, fp8)" in line for line in said), said
     assert (rep.rows["measured_tokens_per_s"] > 0).all()
+
+
+def test_validate_refuses_truncated_checkpoint_before_any_model(make_checkpoint, tmp_path, monkeypatch):
+    """--weights checkpoint with a truncated file: one line naming it, before any model is built."""
+    import shutil
+
+    import swiftspec.validate as validate_mod
+
+    target, draft, prof = _pair(make_checkpoint, tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(draft, broken)
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) - 100])
+    monkeypatch.setattr(validate_mod, "load_model", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(UserError, match="checkpoint file .*broken/model.safetensors is not a readable"):
+        validate(SweepOptions(device="cpu", pairs=((str(target), str(broken)),), weights="checkpoint",
+                              configs=1, prompts=1, max_new_tokens=4), profile=prof, calibrate=False)
+
+
+def test_validate_cli_progress_on_stderr(make_checkpoint, tmp_path, monkeypatch, capsys):
+    """`swiftspec validate` prints each model loaded and each configuration measured on stderr;
+    stdout holds the report alone."""
+    from swiftspec.cli import main
+
+    target, draft, prof = _pair(make_checkpoint, tmp_path)
+    monkeypatch.setattr(sys, "argv", ["swiftspec", "validate", "--device", "cpu", "--profile", prof,
+                                      "--pairs", f"{target}:{draft}", "--weights", "checkpoint", "--configs", "2",
+                                      "--prompts", "1", "--max-new-tokens", "4", "--no-calibrate-host"])  # fmt: skip
+    capsys.readouterr()
+    main()
+    out, err = capsys.readouterr()
+    said = err.splitlines()
+    assert any(x.startswith(f"loaded {target.name} (checkpoint weights) in ") for x in said), err
+    configs = [x for x in said if x.startswith("[")]
+    assert [x[:6] for x in configs] == ["[1/2] ", "[2/2] "], err
+    assert all(" tok/s, accepted " in x for x in configs), err
+    assert not any(x.startswith(("[", "loaded ")) for x in out.splitlines())

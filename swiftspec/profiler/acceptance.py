@@ -21,6 +21,9 @@ With a temperature (> 0) the target's path is its sampled continuation (prompt i
 continues exactly when the draw is among its children, so the replay stays exact and the planner
 can plan sampled decoding from such a profile (named `...__T<temperature>`, plus `k<K>` / `p<P>` when
 the target's draws are truncated to its top K tokens / its nucleus of mass P).
+
+A pair whose vocabularies differ only by padding rows is measured over its shared ids, the target's
+path included (`runtime.vocab`); another vocabulary is refused before the models are built.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +53,8 @@ from swiftspec.runtime.generate import (
 )
 from swiftspec.runtime.kernel_config import WEIGHT_FORMATS, KernelConfig
 from swiftspec.runtime.kv_cache import KVCache
-from swiftspec.runtime.weights import load_model, load_tokenizer
+from swiftspec.runtime.vocab import shared_vocab, vocab_cut
+from swiftspec.runtime.weights import check_checkpoints, load_model, load_tokenizer
 from swiftspec.spec import AcceptanceProfile, Mode, SamplingParams, TreePolicy, UserError, resolve_model_path
 
 DEFAULT_POLICIES = ("chain/bs5-w1-d4", "serial/bs8-w8-d4", "serial/bs16-w4-d6")
@@ -166,6 +170,7 @@ def profile_acceptance(
     weight_format: str = "native",
     draft_weight_format: str | None = None,
     progress: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> AcceptanceProfile:
     """Measure the pair as `options` says (see the module docstring) -> an AcceptanceProfile.
 
@@ -173,7 +178,8 @@ def profile_acceptance(
     "native" or "fp8" (`load_model`). The same checkpoint as target and draft with only the draft
     in fp8 measures how often the fp8 model's greedy token is the native one's (`top1_agreement`).
     sampling: the target's path is its greedy (temperature 0) or sampled continuation (module
-    docstring)."""
+    docstring). progress: a tqdm bar over the runs; log(line): each model built, and each run done
+    when there is no bar (a log file or CI sees the work going on)."""
     prompts, num_prompts, max_new_tokens = options.prompts, options.num_prompts, options.max_new_tokens
     top_k, policies, accepted_prompts = options.top_k, options.policies, options.accepted_prompts
     temperature, sample_top_k, sample_top_p = sampling.temperature, sampling.top_k, sampling.top_p
@@ -188,21 +194,23 @@ def profile_acceptance(
             raise UserError(f"{flag} must be one of {', '.join(WEIGHT_FORMATS)}, got {fmt!r}")
     parsed = [parse_policy(p) for p in policies]
     tfolder, dfolder = resolve_model_path(target), resolve_model_path(draft)
+    check_checkpoints(tfolder, dfolder)  # a truncated file, weights unlike the config: one line, no model built
     plist = load_prompts(prompts, limit=num_prompts)
-    tmodel = load_model(tfolder, device=device, dtype=DTYPES[dtype],
-                        kernels=KernelConfig.resolve(device, weight_format=weight_format))
-    dmodel = load_model(dfolder, device=device, dtype=DTYPES[dtype],
-                        kernels=KernelConfig.resolve(device, weight_format=draft_weight_format))
+    vocab_limit = shared_vocab(target, draft)  # the pair's shared ids (padding rows may differ)
     tok = load_tokenizer(tfolder)
-    vocab = tmodel.spec.vocab
-    if dmodel.spec.vocab != vocab:
-        dtok = load_tokenizer(dfolder)
-        if tok is None or dtok is None or tok.get_vocab() != dtok.get_vocab():
-            raise UserError(
-                f"draft and target vocabularies differ ({dmodel.spec.vocab} vs {vocab} tokens): "
-                "acceptance needs a draft that shares the target's tokenizer"
-            )
-    vocab_limit = min(vocab, dmodel.spec.vocab)
+    say = log or (lambda line: None)
+
+    def build(role: str, folder: Path, fmt: str):
+        t0 = time.perf_counter()
+        model = load_model(folder, device=device, dtype=DTYPES[dtype],
+                           kernels=KernelConfig.resolve(device, weight_format=fmt))
+        say(f"acceptance: {role} {folder.name} built ({model.spec.num_layers} layers) in "
+            f"{time.perf_counter() - t0:.1f} s")
+        return model
+
+    tmodel, dmodel = build("target", tfolder, weight_format), build("draft", dfolder, draft_weight_format)
+    t_cut = vocab_cut(tmodel.spec.vocab, vocab_limit)  # the target's path stays on ids the draft can name
+    d_cut = vocab_cut(dmodel.spec.vocab, vocab_limit)
     eos = eos_ids_of(tfolder)
     encoded = [(p.id, encode(p, tok, vocab_limit)) for p in plist]
 
@@ -215,7 +223,7 @@ def profile_acceptance(
     ar = TreePolicy.autoregressive()
     for i, (pid, ids) in enumerate(encoded):
         res = generate(
-            _runner(tmodel, cache_slots(len(ids), max_new_tokens, ar, draft=False)), None, ids,
+            _runner(tmodel, cache_slots(len(ids), max_new_tokens, ar, draft=False), t_cut), None, ids,
             GenerateConfig(mode=Mode.autoregressive, policy=ar, max_new_tokens=max_new_tokens, eos_ids=eos,
                            sampling=sampling.for_prompt(i)),
         )  # fmt: skip
@@ -225,6 +233,8 @@ def profile_acceptance(
         traces.append(PairTrace(pid, ids, cont, ranks, p, tops))
         if bar is not None:
             bar.update(1)
+        else:
+            say(f"acceptance: traced prompt {i + 1}/{len(encoded)} ({len(cont)} tokens)")
 
     accepted: dict[str, float] = {}
     lossless: dict[str, bool] = {}
@@ -235,8 +245,8 @@ def profile_acceptance(
         for i, tr in enumerate(traces[:accepted_prompts]):
             ids = tr.prompt_ids
             res = generate(
-                _runner(tmodel, cache_slots(len(ids), max_new_tokens, policy, draft=False)),
-                _runner(dmodel, cache_slots(len(ids), max_new_tokens, policy, draft=True), vocab_limit),
+                _runner(tmodel, cache_slots(len(ids), max_new_tokens, policy, draft=False), t_cut),
+                _runner(dmodel, cache_slots(len(ids), max_new_tokens, policy, draft=True), d_cut),
                 ids,
                 GenerateConfig(mode=mode, policy=policy, max_new_tokens=max_new_tokens, eos_ids=eos,
                                sampling=sampling.for_prompt(i)),
@@ -246,6 +256,8 @@ def profile_acceptance(
             same &= res.tokens == tr.continuation
             if bar is not None:
                 bar.update(1)
+        if bar is None and its:
+            say(f"acceptance: {key}: {acc / its:.2f} tokens per verify")
         if its:
             accepted[key] = acc / its
             lossless[key] = same

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from swiftspec.files import run_metadata
+from swiftspec.files import folder_lock, run_metadata
 from swiftspec.profiler.compute import write_profile_files
 from swiftspec.sim.profile_default import published_comm_table
 from swiftspec.spec import COMM_COLUMNS, UserError
@@ -302,19 +302,49 @@ def profile_comm(
 
 
 def write_comm(out: str | Path, result: CommResult) -> bool:
-    """comm.csv + meta.json["comm"] into a profile folder (compute.csv untouched).
+    """comm.csv + meta.json["comm"] into a profile folder (compute.csv untouched), with the folder
+    locked (`files.folder_lock`).
 
-    Defaults never replace measured rows: returns False (and writes nothing) when `result` was not
-    measured and the folder already holds a measured comm table.
+    Nothing measured is lost: defaults never replace measured rows (returns False and writes
+    nothing when `result` was not measured and the folder already holds a measured comm table); a
+    measurement that produced no row writes nothing and raises UserError (e.g. --timeout too short);
+    one that produced some rows keeps the earlier measured rows of the keys it did not measure
+    (collective, group size, bytes) and says so in its notes.
     """
-    meta_path = Path(out) / "meta.json"
-    if not result.measured and meta_path.exists():
-        old = json.loads(meta_path.read_text()).get("comm", {})
-        if old.get("source") == "measured":
+    out = Path(out)
+    meta_path = out / "meta.json"
+    where = f"kept {out}/comm.csv as it was" if (out / "comm.csv").exists() else "wrote nothing"
+    if result.measured and result.comm.empty:
+        why = next((n for n in result.notes if n.startswith("stopped after")), "no collective finished")
+        raise UserError(f"profile comm measured nothing ({why.split(':')[0]}): {where}; "
+                        f"raise --timeout or measure fewer --sizes")
+    with folder_lock(out, "profile comm"):
+        old_meta = json.loads(meta_path.read_text()).get("comm", {}) if meta_path.exists() else {}
+        old_measured = old_meta.get("source") == "measured" and (out / "comm.csv").exists()
+        if not result.measured and old_measured:
             return False
-    meta = run_metadata(result.config.device if result.config else None)
-    meta.update(source="measured" if result.measured else "derived", notes=result.notes,
-                config=asdict(result.config) if result.config else None,
-                env=dict(NO_MULTICAST_ENV))  # fmt: skip
-    write_profile_files(Path(out), comm=result.comm, meta_update={"comm": meta})
+        comm, notes = result.comm, list(result.notes)
+        if result.measured and old_measured:
+            comm, kept = _with_earlier_rows(pd.read_csv(out / "comm.csv"), comm)
+            if kept:
+                notes.append(f"kept {kept} rows of the earlier measured comm.csv that this run did not measure")
+        meta = run_metadata(result.config.device if result.config else None)
+        meta.update(source="measured" if result.measured else "derived", notes=notes,
+                    config=asdict(result.config) if result.config else None,
+                    env=dict(NO_MULTICAST_ENV))  # fmt: skip
+        write_profile_files(out, comm=comm, meta_update={"comm": meta})
     return True
+
+
+def _with_earlier_rows(old: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """`new` plus the rows of `old` whose (collective, group_size, bytes) `new` lacks, sorted; and
+    how many of `old` were kept."""
+    keys = ["collective", "group_size", "bytes"]
+    if any(k not in old.columns for k in keys):
+        return new, 0
+    have = set(new[keys].itertuples(index=False, name=None))
+    keep = old[[k not in have for k in old[keys].itertuples(index=False, name=None)]]
+    if keep.empty:
+        return new, 0
+    both = pd.concat([new, keep.reindex(columns=new.columns)], ignore_index=True)
+    return both.sort_values(keys, kind="stable").reset_index(drop=True), len(keep)

@@ -33,7 +33,9 @@ code runs eagerly under `time.perf_counter`.
 
 Resumable: every measured row is appended to `<out>/compute.partial.csv` at once; a restart skips
 the (op, model, tp, tokens, kv_len) keys found there. The final `compute.csv` and `meta.json`
-are written atomically at the end and the partial file is removed.
+are written atomically at the end and the partial file is removed. One process writes a folder at
+a time (a second gets one line and exit 2), and a run that completes no table leaves the earlier
+tables as they were.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from swiftspec.files import atomic_write_text, run_metadata
+from swiftspec.files import atomic_write_text, folder_lock, run_metadata
 from swiftspec.kernels.reference import rms_norm
 from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
@@ -556,7 +558,31 @@ def profile_compute(
     records the kernels profiled (`kernel_config.profile_settings`), so a plan only predicts a
     runtime whose kernels are these. log: called with one line per finished (model, tp) (for
     non-interactive runs).
+
+    `out` is locked for the whole run (`files.folder_lock`): a second process profiling into it
+    gets UserError at once, so two runs never interleave rows in one partial file. A run that
+    completes no table leaves an earlier compute.csv and meta.json as they were and raises
+    UserError (its rows stay in the partial file, for the next run to resume); one that completes
+    some tables writes them (with the earlier rows it did not re-measure) and reports the rest in
+    `missing`.
     """
+    with folder_lock(out, "profile compute"):
+        return _profile_compute(models, Path(out), device=device, grid=grid, timing=timing,
+                                options=options, progress=progress, log=log)  # fmt: skip
+
+
+def _profile_compute(
+    models: Sequence[str],
+    out: Path,
+    *,
+    device: str,
+    grid: ComputeGrid | None,
+    timing: TimingConfig | None,
+    options: ComputeOptions | None,
+    progress: bool,
+    log: Callable[[str], None] | None,
+) -> ComputeResult:
+    """`profile_compute` with `out` locked."""
     opts = options or ComputeOptions()
     host, alias, weight_format = opts.host, opts.alias, opts.weight_format
     if device not in ("cpu", "cuda"):
@@ -679,6 +705,11 @@ def profile_compute(
     def uncut(df: pd.DataFrame) -> pd.DataFrame:
         return df[np.array([k not in set(cut) for k in zip(df["op"], df["model"], df["tp"])], dtype=bool)]
 
+    if uncut(measured).empty and (out / "compute.csv").exists():  # nothing new: the measured tables stay
+        why = f"; skipped {skipped[0]}" if skipped else " (the time budget ran out)" if missing else ""
+        raise UserError(f"profile compute completed no table{why}: kept {out}/compute.csv and meta.json as they "
+                        f"were; rows measured so far are in {partial_path}: run the same command again (with more "
+                        f"--time-budget) to resume")
     measured = uncut(measured)
     compute = uncut(pd.concat([measured, derive_layers(measured)], ignore_index=True))
     if host and not ((compute["op"] == "host") & (compute["model"] == Mode.async_.value)).any():

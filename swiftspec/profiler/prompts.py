@@ -12,12 +12,11 @@ turn plus the assistant header), so an instruct model answers as it would in a c
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from swiftspec.spec import UserError
+from swiftspec.spec import UserError, parse_json, read_text
 
 BUILTIN = "builtin"
 
@@ -47,14 +46,11 @@ def read_jsonl(path: str | Path, source: str | None = None) -> list[Prompt]:
     if not p.is_file():
         raise UserError(f"prompts file {p} not found: give a JSONL file or builtin[:{','.join(builtin_sets())}]")
     out = []
-    for n, line in enumerate(p.read_text().splitlines(), start=1):
+    for n, line in enumerate(read_text(p, "prompts file").splitlines(), start=1):
         if not line.strip():
             continue
         where = f"prompts file {p} line {n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where} is not valid JSON ({e.msg})") from None
+        obj = parse_json(line, where)
         if not isinstance(obj, dict):
             raise UserError(f'{where}: expected an object like {{"prompt": "..."}} or {{"tokens": [...]}}')
         text, tokens = obj.get("prompt"), obj.get("tokens")
@@ -63,12 +59,13 @@ def read_jsonl(path: str | Path, source: str | None = None) -> list[Prompt]:
         if text is not None and (not isinstance(text, str) or not text.strip()):
             raise UserError(f'{where}: "prompt" must be a non-empty string')
         if tokens is not None and (
-            not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) and t >= 0 for t in tokens)
+            not isinstance(tokens, list) or not tokens
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens)
         ):
             raise UserError(f'{where}: "tokens" must be a non-empty list of token ids (integers >= 0)')
         out.append(
             Prompt(
-                id=str(obj.get("id", f"{p.stem}-{len(out):02d}")),
+                id=_prompt_id(obj.get("id"), f"{p.stem}-{len(out):02d}", where),
                 text=text,
                 tokens=tuple(tokens) if tokens is not None else None,
                 source=source or str(p),
@@ -77,6 +74,14 @@ def read_jsonl(path: str | Path, source: str | None = None) -> list[Prompt]:
     if not out:
         raise UserError(f"prompts file {p} holds no prompts")
     return out
+
+
+def _prompt_id(v: object, default: str, where: str) -> str:
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise UserError(f'{where}: "id" must be a string or an integer, got {v!r:.40}')
+    return str(v)
 
 
 def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:

@@ -38,6 +38,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -50,12 +51,13 @@ from swiftspec.runtime.runlog import SpanTimer
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC, SyntheticVerifier, resolve_bonus
 from swiftspec.runtime.tree import DraftTree
 from swiftspec.runtime.verify import Verdict
+from swiftspec.runtime.vocab import vocab_cut
 from swiftspec.runtime.weights import load_model
 from swiftspec.spec import Mode, ModelSpec, SamplingParams, Split, TreePolicy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KIND_TREE, KIND_MORE, KIND_DONE = 1, 2, 3
-FAULT_ENV = "SWIFTSPEC_FAULT"  # "RANK:ITERATION:exit|hang" -- test hook: that rank fails there
+FAULT_ENV = "SWIFTSPEC_FAULT"  # "RANK:ITERATION:exit|hang|kill" -- test hook: that rank fails there
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,9 @@ class Job:
     "fp8"; each model's kernels are resolved for it and its TP degree (`KernelConfig.resolve`; a
     checkpoint's fp8 model is the same at every TP size). sampling: greedy, or lossless sampling of the target
     (`verify.SamplingVerifier`) with prompt i's draws seeded `sampling.for_prompt(i)`, so every mode
-    produces the same tokens.
+    produces the same tokens. vocab: the ids the pair decodes over (`runtime.vocab.shared_vocab`):
+    a model with a larger vocabulary has its logits cut there, the target's too (None: no cut).
+    meta: what the launcher reports with a failure (e.g. "memory": the run's estimate).
     """
 
     target: str
@@ -99,12 +103,14 @@ class Job:
     rank_logprobs: list[float] | None = None
     weight_format: str = "native"
     sampling: SamplingParams = GREEDY
+    vocab: int | None = None
     meta: dict = field(default_factory=dict)
 
 
 @dataclass
 class Ctx:
-    """One rank's view: its layout, groups, device and heartbeat."""
+    """One rank's view: its layout, groups, device and heartbeat. report(line): progress of the
+    run, called by the rank that leads a task once per prompt (the launcher forwards it)."""
 
     job: Job
     rank: int
@@ -114,6 +120,7 @@ class Ctx:
     beat: Callable[[], None]
     models: dict = field(default_factory=dict)
     steps: int = 0  # iterations done by this rank (fault hook, heartbeats)
+    report: Callable[[str], None] = lambda line: None
 
     def step(self) -> None:
         self.steps += 1
@@ -125,6 +132,8 @@ class Ctx:
                 if kind == "hang":
                     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # a truly stuck worker
                     time.sleep(1e6)
+                if kind == "kill":  # as the kernel's OOM killer ends a process
+                    os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(17)
 
     def sync(self) -> None:
@@ -145,9 +154,13 @@ def _model(ctx: Ctx, which: str, tp_rank: int, tp_size: int, group) -> torch.nn.
         path = job.target if which == "target" else job.draft
         seed = job.seed if which == "target" else job.seed + 1
         kernels = KernelConfig.resolve(ctx.device, weight_format=job.weight_format, tp_size=tp_size)
+        t0 = time.perf_counter()
         ctx.models[key] = load_model(path, weights=job.weights, device=ctx.device, dtype=DTYPES[job.dtype],
                                      tp_rank=tp_rank, tp_size=tp_size, group=group, seed=seed, kernels=kernels)
         ctx.beat()
+        if tp_rank == 0:  # one line per model and TP degree, from its first shard
+            ctx.report(f"run: {which} {Path(path).name} built on rank {ctx.rank} (TP {tp_size}, "
+                       f"{ctx.models[key].spec.num_layers} layers) in {time.perf_counter() - t0:.1f} s")
     return ctx.models[key]
 
 
@@ -170,9 +183,14 @@ def _reset(runner: ModelRunner) -> None:
     runner.prefix_len, runner.tree_len, runner.pending = 0, 0, []
 
 
-def _vocab_limit(ctx: Ctx, draft_model) -> int | None:
-    tv = ModelSpec.from_config(ctx.job.target).vocab
-    return tv if draft_model.spec.vocab > tv else None
+def _vocab_limit(ctx: Ctx, model) -> int | None:
+    """Where `model`'s logits are cut: the job's shared ids (`Job.vocab`, else the smaller of the
+    two vocabularies), for the draft and, when the job has a draft, the target alike (`runtime.vocab`)."""
+    job = ctx.job
+    if not job.draft:
+        return None
+    shared = job.vocab or min(ModelSpec.from_config(job.target).vocab, ModelSpec.from_config(job.draft).vocab)
+    return vocab_cut(model.spec.vocab, shared)
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,7 +372,7 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
     policy = task.policy if task.mode is not Mode.autoregressive else TreePolicy.autoregressive()
     longest = max(len(p) for p in job.prompts)
     tmodel = _model(ctx, "target", tp_rank, tp, g.colo_tp)
-    target = _runner(tmodel, target_slots(longest, job.max_new_tokens, policy))
+    target = _runner(tmodel, target_slots(longest, job.max_new_tokens, policy), _vocab_limit(ctx, tmodel))
     draft = None
     if task.mode is not Mode.autoregressive:
         dmodel = _model(ctx, "draft", tp_rank, tp, g.colo_tp)
@@ -374,6 +392,8 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
         dist.barrier(group=g.colo_ctrl)
         res = generate(target, draft, prompt, cfg, verifier=verifier, weights=job.weights)
         prompts.append(_prompt_row(task, pi, res.tokens, res.decode_s, res.prefill_ms, res.iterations))
+        if ctx.rank == ranks[0]:
+            _report_prompt(ctx, task, prompts[-1])
         t = 0.0
         for i, r in enumerate(res.records):
             row = {"task": task.label, "mode": task.mode.value, "policy": policy.key, "prompt": pi, "iteration": i,
@@ -387,6 +407,12 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
             rows.append(row)
             t += r.draft_ms + r.verify_ms + r.commit_ms
     return {"prompts": prompts, "rows": rows} if ctx.rank == ranks[0] else None
+
+
+def _report_prompt(ctx: Ctx, task: Task, row: dict) -> None:
+    """One progress line per prompt done: "run: serial bs8-w8-d4 prompt 3/8 done, 45.1 tok/s"."""
+    ctx.report(f"run: {task.label} prompt {row['prompt'] + 1}/{len(ctx.job.prompts)} done, "
+               f"{row['tokens_per_s']:.1f} tok/s")
 
 
 def _prompt_row(task: Task, pi: int, tokens: list[int], decode_s: float, prefill_ms: float, iterations: int) -> dict:
@@ -411,7 +437,7 @@ def _async(ctx: Ctx, task: Task) -> dict | None:
     else:
         ranks = lay.target_ranks
         m = _model(ctx, "target", ranks.index(ctx.rank), len(ranks), g.target_tp)
-        runner = _runner(m, target_slots(longest, job.max_new_tokens, task.policy))
+        runner = _runner(m, target_slots(longest, job.max_new_tokens, task.policy), _vocab_limit(ctx, m))
     prompts, rows = [], []
     for pi, prompt in enumerate(job.prompts):
         ctx.step()
@@ -426,6 +452,8 @@ def _async(ctx: Ctx, task: Task) -> dict | None:
             tokens, r = _async_draft(ctx, task, runner, prompt, t0)
             decode_s = time.perf_counter() - t0
             prompts.append(_prompt_row(task, pi, tokens, decode_s, prefill_ms, len(r)))
+            if ctx.rank == lay.draft_leader:
+                _report_prompt(ctx, task, prompts[-1])
         else:
             r = _async_target(ctx, task, runner, pi, t0)
         for row in r:

@@ -20,7 +20,7 @@ import functools
 import gc
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,11 +31,14 @@ from swiftspec.runtime.decoder import ModelRunner, reroot_draft
 from swiftspec.runtime.kernel_config import TREE_GROWTH_IMPLS, WEIGHT_FORMATS, KernelConfig
 from swiftspec.runtime.tree import DraftTree, tree_slots_needed
 from swiftspec.runtime.verify import GreedyVerifier, SamplingVerifier, Verifier
+from swiftspec.runtime.vocab import shared_vocab, vocab_cut
 from swiftspec.runtime.weights import load_model, load_tokenizer
-from swiftspec.spec import Mode, SamplingParams, TreePolicy, UserError, resolve_model_path
+from swiftspec.spec import Mode, ModelSpec, SamplingParams, TreePolicy, UserError, resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GREEDY = SamplingParams()  # the default: the target's argmax
+PROGRESS_INTERVAL_S = 1.0  # at most one decoding progress line a second (`generate`)
 
 
 @dataclass(frozen=True)
@@ -136,8 +139,12 @@ def generate(
     verifier: Verifier | None = None,
     tokenizer=None,
     weights: str = "checkpoint",
+    progress: Callable[[str], None] | None = None,
 ) -> GenerateResult:
-    """Decode `cfg.max_new_tokens` tokens after `prompt_ids` with fresh runners (empty caches)."""
+    """Decode `cfg.max_new_tokens` tokens after `prompt_ids` with fresh runners (empty caches).
+
+    progress: called with "generate: 16/32 tokens, 12.3 tok/s" at most once a second while
+    decoding, and once at the end (a long decode is never silent)."""
     if not prompt_ids:
         raise UserError("the prompt is empty: give at least one token")
     verifier = verifier or make_verifier(cfg.sampling)
@@ -158,7 +165,7 @@ def generate(
     records: list[IterationRecord] = []
     stop = "max_new_tokens"
     tree = DraftTree.fresh(prompt_ids[-1], policy, cfg.rank_logprobs)
-    t_start = time.perf_counter()
+    t_start = t_said = time.perf_counter()
     while len(out) < cfg.max_new_tokens:
         t_it = time.perf_counter()
         forwards = drafted = 0
@@ -211,7 +218,12 @@ def generate(
                 break
         if stop == "eos":
             break
+        if progress is not None and time.perf_counter() - t_said >= PROGRESS_INTERVAL_S:
+            t_said = time.perf_counter()
+            progress(_decoded_line(len(out), cfg.max_new_tokens, t_said - t_start))
     decode_s = time.perf_counter() - t_start
+    if progress is not None:
+        progress(_decoded_line(len(out), cfg.max_new_tokens, decode_s) + (" (eos)" if stop == "eos" else ""))
 
     return GenerateResult(
         tokens=out,
@@ -232,6 +244,11 @@ def generate(
         sample_top_k=cfg.sampling.top_k,
         sample_top_p=cfg.sampling.top_p,
     )
+
+
+def _decoded_line(done: int, total: int, seconds: float) -> str:
+    rate = f", {done / seconds:.1f} tok/s" if seconds > 0 else ""
+    return f"generate: {done}/{total} tokens{rate}"
 
 
 def make_verifier(sampling: SamplingParams) -> Verifier:
@@ -313,6 +330,10 @@ class LoadOptions:
     draft gets seed + 1). weight_format: both models' GEMM weights, "native" or "fp8".
     tree_growth: the draft's top-k ("auto": the device's default, `KernelConfig.resolve`).
     max_len: the most KV-cache slots per model.
+    memory_check(device, [(spec, KV slots) per model]): called after every other check, before a
+    model is built (`swiftspec.preflight.check_models` refuses when the models do not fit).
+    progress(line): what the work is doing, on the caller's channel (the CLI: stderr): each
+    model built and how long it took, then the decode (`generate`'s progress).
     """
 
     device: str = "cpu"
@@ -322,6 +343,8 @@ class LoadOptions:
     weight_format: str = "native"
     tree_growth: str = "auto"
     max_len: int = 4096
+    memory_check: Callable[[str, list[tuple[ModelSpec, int]]], object] | None = None
+    progress: Callable[[str], None] | None = None
 
     def kernels(self) -> KernelConfig:
         """The models' kernels (checked flags first: a bad one is a one-line UserError naming it)."""
@@ -349,10 +372,14 @@ def generate_from_checkpoints(
     eos: bool = True,
     keep_subtree: bool = False,
 ) -> GenerateResult:
-    """Load the models, check the inputs, and run `generate` (the library side of the CLI).
+    """Check the inputs, load the models and run `generate` (the library side of the CLI).
 
     prompt: text (needs the target's tokenizer) or token ids. eos: stop at the target's EOS ids
-    (`eos_ids_of`). keep_subtree: see `GenerateConfig`."""
+    (`eos_ids_of`). keep_subtree: see `GenerateConfig`. Everything is checked before a model is
+    built: the pair's vocabulary (`runtime.vocab.shared_vocab`: a draft whose vocabulary differs
+    only by padding decodes over the shared ids, the target's logits cut there too), the tokenizer
+    and prompt, the cache room, and `load.memory_check` when given. `load.progress` hears each
+    model built and the decode."""
     mode = Mode.parse(mode) if isinstance(mode, str) else mode
     policy = policy or make_policy(mode)
     policy.validate(mode)
@@ -363,26 +390,8 @@ def generate_from_checkpoints(
     if speculative and draft is None:
         raise UserError(f"{mode} mode needs a draft model: add --draft PATH")
 
-    torch_dtype = DTYPES[load.dtype]
-    tmodel = load_model(target, weights=load.weights, device=load.device, dtype=torch_dtype, seed=load.seed,
-                        kernels=kernels)  # fmt: skip
-    dmodel = None
-    if speculative:
-        # random weights: a draft named like the target is the target (a self-draft); else its own seed
-        dseed = load.seed if str(draft) == str(target) else load.seed + 1
-        dmodel = load_model(draft, weights=load.weights, device=load.device, dtype=torch_dtype, seed=dseed,
-                            kernels=kernels)  # fmt: skip
+    vocab = shared_vocab(target, draft if speculative else None)
     tokenizer = load_tokenizer(resolve_model_path(target))
-    vocab = tmodel.spec.vocab
-    if dmodel is not None and dmodel.spec.vocab != vocab:
-        dtok = load_tokenizer(resolve_model_path(draft))
-        same_tokens = tokenizer is not None and dtok is not None and tokenizer.get_vocab() == dtok.get_vocab()
-        if not same_tokens:
-            raise UserError(
-                f"draft and target vocabularies differ ({dmodel.spec.vocab} vs {vocab} tokens): "
-                "pick a draft of the target's model family"
-            )
-
     if isinstance(prompt, str):
         if tokenizer is None:
             raise UserError(f"{target} has no tokenizer: give the prompt as --prompt-ids 1,2,3")
@@ -394,24 +403,41 @@ def generate_from_checkpoints(
     bad = [x for x in ids if not 0 <= x < vocab]
     if bad:
         raise UserError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-    need = max(
-        cache_slots(len(ids), max_new_tokens, policy, draft=False),
-        cache_slots(len(ids), max_new_tokens, policy, draft=speculative),
-    )
+    t_slots = cache_slots(len(ids), max_new_tokens, policy, draft=False)
+    d_slots = cache_slots(len(ids), max_new_tokens, policy, draft=True)
+    need = max(t_slots, d_slots if speculative else t_slots)
     if need > load.max_len:
         raise UserError(
             f"prompt ({len(ids)} tokens) + --max-new-tokens {max_new_tokens} + tree room need {need} KV "
             f"slots but the cache holds --max-len {load.max_len}: shorten the prompt or raise --max-len"
         )
+    torch_dtype = DTYPES[load.dtype]
+    if load.memory_check is not None:
+        nbytes = _DTYPE_BYTES[load.dtype]
+        models = [(target, t_slots)] + ([(draft, d_slots)] if speculative else [])
+        specs = [(dataclasses.replace(ModelSpec.from_config(m, dtype_bytes=nbytes), weight_format=load.weight_format),
+                  slots) for m, slots in models]
+        load.memory_check(load.device, specs)
 
-    target_runner = ModelRunner(tmodel, cache_slots(len(ids), max_new_tokens, policy, draft=False))
+    def build(role: str, path: str | Path, seed: int):
+        t0 = time.perf_counter()
+        model = load_model(path, weights=load.weights, device=load.device, dtype=torch_dtype, seed=seed,
+                           kernels=kernels)  # fmt: skip
+        if load.progress is not None:
+            load.progress(f"generate: {role} {Path(path).name} built ({model.spec.num_layers} layers, "
+                          f"{load.weights} weights) in {time.perf_counter() - t0:.1f} s")
+        return model
+
+    tmodel = build("target", target, load.seed)
+    dmodel = None
+    if speculative:
+        # random weights: a draft named like the target is the target (a self-draft); else its own seed
+        dmodel = build("draft", draft, load.seed if str(draft) == str(target) else load.seed + 1)
+    shared = vocab if speculative else None
+    target_runner = ModelRunner(tmodel, t_slots, vocab_limit=vocab_cut(tmodel.spec.vocab, shared))
     draft_runner = None
     if dmodel is not None:
-        draft_runner = ModelRunner(
-            dmodel,
-            cache_slots(len(ids), max_new_tokens, policy, draft=True),
-            vocab_limit=vocab if dmodel.spec.vocab > vocab else None,
-        )
+        draft_runner = ModelRunner(dmodel, d_slots, vocab_limit=vocab_cut(dmodel.spec.vocab, shared))
     cfg = GenerateConfig(
         mode=mode,
         policy=policy,
@@ -420,4 +446,5 @@ def generate_from_checkpoints(
         keep_subtree=keep_subtree,
         sampling=sampling,
     )
-    return generate(target_runner, draft_runner, ids, cfg, tokenizer=tokenizer, weights=load.weights)
+    return generate(target_runner, draft_runner, ids, cfg, tokenizer=tokenizer, weights=load.weights,
+                    progress=load.progress)

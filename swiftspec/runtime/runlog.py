@@ -24,6 +24,7 @@ Three tables, written as one folder (`RunLog.write`; the folder appears complete
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from dataclasses import dataclass, field
@@ -34,7 +35,17 @@ import pandas as pd
 import torch
 
 from swiftspec.files import atomic_dir
-from swiftspec.spec import UserError
+from swiftspec.spec import (
+    UserError,
+    check_dict,
+    check_int,
+    check_list,
+    check_number,
+    check_str,
+    parse_json,
+    read_text,
+    require,
+)
 
 
 class SpanTimer:
@@ -130,11 +141,59 @@ class RunLog:
 
     @classmethod
     def load(cls, folder: str | Path) -> RunLog:
+        """Read a run log folder; a missing file, non-UTF-8 text, bad JSON or a table without the
+        columns `summary` reads -> UserError naming the file."""
         folder = Path(folder)
-        try:
-            s = json.loads((folder / "summary.json").read_text())
-            it = pd.read_json(folder / "iterations.jsonl", orient="records", lines=True)
-            pr = pd.read_json(folder / "prompts.jsonl", orient="records", lines=True)
-        except (FileNotFoundError, ValueError) as e:
-            raise UserError(f"run log {folder} is missing or malformed: {e}") from None
-        return cls(it, pr, s.get("meta", {}), s.get("predictions", {}))
+        if not folder.is_dir():
+            raise UserError(f"run log {folder} not found: give the folder `swiftspec run -o` wrote")
+        s = parse_json(read_text(folder / "summary.json", "run log file"), f"run log file {folder / 'summary.json'}")
+        if not isinstance(s, dict):
+            raise UserError(f"run log file {folder / 'summary.json'} is malformed: expected a JSON object")
+        meta = check_dict(s.get("meta", {}), f"run log file {folder / 'summary.json'}", "meta")
+        if meta.get("plan") is not None:
+            check_dict(meta["plan"], f"run log file {folder / 'summary.json'}", "meta plan")
+        preds = check_dict(s.get("predictions", {}), f"run log file {folder / 'summary.json'}", "predictions")
+        for task, pred in preds.items():
+            if pred is not None:
+                check_dict(pred, f"run log file {folder / 'summary.json'}", f"predictions[{task!r}]")
+        it = _read_table(folder / "iterations.jsonl", _ITERATION_COLUMNS)
+        pr = _read_table(folder / "prompts.jsonl", _PROMPT_COLUMNS)
+        if len(pr) == 0:
+            raise UserError(f"run log file {folder / 'prompts.jsonl'} holds no prompts: the run measured nothing")
+        return cls(it, pr, meta, preds)
+
+
+_PROMPT_COLUMNS = {"task": str, "mode": str, "policy": str, "prompt": int, "tokens": list,
+                   "tokens_per_s": float, "decode_s": float, "iterations": int}
+_ITERATION_COLUMNS = {"task": str, "prompt": int, "iteration": int, "accepted": float}
+
+
+def _read_table(path: Path, columns: dict[str, type]) -> pd.DataFrame:
+    """One JSON-lines table of a run log: one object per line, the named columns present with
+    values of their type (numbers finite and >= 0)."""
+    where = f"run log file {path}"
+    rows = []
+    for n, line in enumerate(read_text(path, "run log file").splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = parse_json(line, f"{where} line {n}")
+        if not isinstance(row, dict):
+            raise UserError(f"{where} line {n} is malformed: expected a JSON object")
+        for col, kind in columns.items():
+            v = require(row, col, f"{where} line {n}")
+            if kind is str:
+                check_str(v, f"{where} line {n}", col)
+            elif kind is int:
+                check_int(v, f"{where} line {n}", col, lo=0)
+            elif kind is list:
+                for i, t in enumerate(check_list(v, f"{where} line {n}", col)):
+                    check_int(t, f"{where} line {n}", f"{col}[{i}]", lo=0)
+            elif v is not None:  # a float column may hold null (not measured)
+                check_number(v, f"{where} line {n}", col, lo=0)
+        rows.append(row)
+    if not rows:
+        return pd.DataFrame(columns=list(columns))
+    try:
+        return pd.read_json(io.StringIO("\n".join(json.dumps(r) for r in rows)), orient="records", lines=True)
+    except ValueError as e:
+        raise UserError(f"{where} is malformed: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

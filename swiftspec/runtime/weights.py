@@ -16,7 +16,6 @@ tp=2 is not the same function as at tp=1 (use a checkpoint to compare across TP 
 from __future__ import annotations
 
 import dataclasses
-import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from safetensors import safe_open
 
 from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.model import Transformer
-from swiftspec.spec import ModelSpec, UserError, resolve_model_path
+from swiftspec.spec import ModelSpec, UserError, parse_json, read_text, require, resolve_model_path
 
 WEIGHT_KINDS = ("checkpoint", "random")
 _DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
@@ -79,28 +78,103 @@ def rank_slices(spec: ModelSpec, tp: int, rank: int) -> RankSlices:
 Reader = Callable[[str, "int | None", int, int], torch.Tensor]
 
 
-def _checkpoint_reader(folder: Path) -> tuple[Reader, set[str]]:
+def _open_safetensors(path: Path):
+    """safe_open of one checkpoint file; a truncated or corrupt file -> UserError naming it."""
+    if not path.is_file():
+        raise UserError(f"checkpoint file {path} not found: re-download the checkpoint")
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # SafetensorError (truncated, bad header) and OSError
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"checkpoint file {path} is not a readable safetensors file ({msg}): "
+                        "re-download it") from None
+
+
+def _weight_map(folder: Path) -> dict[str, str]:
+    """Tensor name -> file of a checkpoint folder (`model.safetensors` or its index)."""
     index = folder / "model.safetensors.index.json"
     single = folder / "model.safetensors"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-    elif single.exists():
-        with safe_open(str(single), framework="pt") as f:
-            weight_map = {k: single.name for k in f.keys()}
-    else:
-        raise UserError(
-            f"{folder} has no safetensors weights (model.safetensors or model.safetensors.index.json); "
-            "use --weights random for latency work at this model's shapes"
-        )
-    handles: dict[str, object] = {}
+        where = f"checkpoint index {index}"
+        doc = parse_json(read_text(index, "checkpoint index"), where)
+        if not isinstance(doc, dict):
+            raise UserError(f"{where} is malformed: expected a JSON object")
+        weight_map = require(doc, "weight_map", where)
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v for v in weight_map.values()):
+            raise UserError(f"{where}: weight_map must map tensor names to file names")
+        for fname in set(weight_map.values()):
+            if Path(fname).name != fname:
+                raise UserError(f"{where}: weight_map names {fname!r:.60}: give file names inside {folder}")
+        return weight_map
+    if single.exists():
+        return {k: single.name for k in _open_safetensors(single).keys()}
+    raise UserError(
+        f"{folder} has no safetensors weights (model.safetensors or model.safetensors.index.json); "
+        "use --weights random for latency work at this model's shapes"
+    )
+
+
+def _expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Full (unsharded) shape of every tensor `_fill` reads (lm_head: when the checkpoint has one)."""
+    h, q, kv = spec.hidden, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    out = {"model.embed_tokens.weight": (spec.vocab, h), "model.norm.weight": (h,)}
+    if not spec.tie_embeddings:
+        out["lm_head.weight"] = (spec.vocab, h)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                    p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                    p + "mlp.gate_proj.weight": (spec.ffn, h), p + "mlp.up_proj.weight": (spec.ffn, h),
+                    p + "mlp.down_proj.weight": (h, spec.ffn)})  # fmt: skip
+        if spec.qkv_bias:
+            out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                        p + "self_attn.v_proj.bias": (kv,)})  # fmt: skip
+    return out
+
+
+def check_checkpoint(folder: Path, spec: ModelSpec) -> tuple[dict[str, str], dict[str, object]]:
+    """Open every file of the checkpoint in `folder` and check that each tensor the model reads is
+    there at the shape `spec` gives, before any model is built. Returns the tensor -> file map and
+    file -> open handle;
+    a truncated file, a missing tensor or a wrong shape -> UserError naming the file and tensor."""
+    weight_map = _weight_map(folder)
+    handles = {f: _open_safetensors(folder / f) for f in sorted(set(weight_map.values()))}
+    for name, shape in _expected_shapes(spec).items():
+        if name not in weight_map:
+            if name == "lm_head.weight":
+                continue  # no LM head: tied to the embedding (`_fill`)
+            raise UserError(f"checkpoint {folder} lacks tensor {name}: is it a {spec.architecture} checkpoint "
+                            "of this config.json?")
+        fname = weight_map[name]
+        try:
+            got = tuple(handles[fname].get_slice(name).get_shape())
+        except Exception as e:  # SafetensorError: the index names a tensor the file lacks
+            raise UserError(f"checkpoint file {folder / fname} has no readable tensor {name} "
+                            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        if got != shape:
+            raise UserError(f"checkpoint file {folder / fname}: tensor {name} has shape {list(got)} but "
+                            f"config.json gives {list(shape)}: the weights do not match the config")
+    return weight_map, handles
+
+
+def check_checkpoints(*paths: str | Path | None) -> None:
+    """`check_checkpoint` of each checkpoint folder given (None skipped): a verb calls it before it
+    prints progress, starts workers or builds models, so a truncated file or a config that does not
+    match the weights is one line up front."""
+    for path in paths:
+        if path is not None:
+            folder = resolve_model_path(path)
+            check_checkpoint(folder, ModelSpec.from_config(folder))
+
+
+def _checkpoint_reader(folder: Path, spec: ModelSpec) -> tuple[Reader, set[str]]:
+    weight_map, handles = check_checkpoint(folder, spec)
 
     def read(name: str, dim: int | None, a: int, b: int) -> torch.Tensor:
         if name not in weight_map:
             raise UserError(f"{folder}: checkpoint lacks tensor {name}")
-        fname = weight_map[name]
-        if fname not in handles:
-            handles[fname] = safe_open(str(folder / fname), framework="pt")
-        sl = handles[fname].get_slice(name)
+        sl = handles[weight_map[name]].get_slice(name)
         if dim is None:
             return sl[:]
         return sl[a:b] if dim == 0 else sl[:, a:b]
@@ -215,7 +289,7 @@ def load_model(
             raise UserError(f"num_layers must be in 1..{spec.num_layers}, got {num_layers}")
         spec = dataclasses.replace(spec, num_layers=num_layers)
     if weights == "checkpoint":
-        read, names = _checkpoint_reader(folder)
+        read, names = _checkpoint_reader(folder, spec)
     else:
         read, names = _random_reader(spec, tp_rank, seed, torch.device(device), dtype), None
     model = Transformer(spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype,

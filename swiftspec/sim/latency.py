@@ -78,7 +78,8 @@ class _Table:
             msg = f"{self.what}: {', '.join(outside)}"
             if not allow:
                 raise ExtrapolationError(
-                    f"profile has no {msg}: re-profile a wider grid or pass allow_extrapolation"
+                    f"profile has no {msg}: re-profile a grid that covers it (`swiftspec profile compute`) "
+                    "or plan inside it (--prompt-len, --max-new-tokens, --bs)"
                 )
             notes.append(f"extrapolated {msg}")
         if self._interp is None:

@@ -37,9 +37,17 @@ class MemoryUse:
         return self.total <= self.capacity
 
 
-def _group_use(model: ModelSpec, tp: int, cache_tokens: int, forward_tokens: int) -> tuple[int, int, int]:
+def group_use(model: ModelSpec, tp: int, cache_tokens: int, forward_tokens: int) -> tuple[int, int, int]:
+    """(weights, KV cache, fp32 logits) bytes of one rank of `model` at TP `tp` caching
+    `cache_tokens` tokens and forwarding `forward_tokens` at once. The runtime's memory checks
+    (`swiftspec.preflight`) add these up per rank of a run."""
     logits = 4 * forward_tokens * model.shard(tp).vocab
     return model.weight_bytes(tp), model.kv_bytes_per_token(tp) * cache_tokens, logits
+
+
+def reserve_bytes(device: str) -> int:
+    """The fixed reserve of one GPU or CPU rank (module docstring)."""
+    return RESERVE_BYTES.get(device, RESERVE_BYTES["cuda"])
 
 
 def memory_use(
@@ -53,12 +61,12 @@ def memory_use(
     device: str = "cuda",
 ) -> MemoryUse:
     """Memory of the fullest GPU (target group, draft group, or the shared GPUs when co-located)."""
-    reserve = RESERVE_BYTES.get(device, RESERVE_BYTES["cuda"])
-    t = _group_use(target, split.target_tp, max_len + policy.bs, policy.bs)
+    reserve = reserve_bytes(device)
+    t = group_use(target, split.target_tp, max_len + policy.bs, policy.bs)
     if mode is Mode.autoregressive or draft is None:
         return MemoryUse(t[0], t[1], reserve + t[2], capacity)
     tree = (policy.d + policy.bs) * max(policy.w, 1)
-    d = _group_use(draft, split.draft_tp, max_len + tree, max(policy.w, 1))
+    d = group_use(draft, split.draft_tp, max_len + tree, max(policy.w, 1))
     if mode is Mode.async_:
         ut = MemoryUse(t[0], t[1], reserve + t[2], capacity)
         ud = MemoryUse(d[0], d[1], reserve + d[2], capacity)
