@@ -2,7 +2,7 @@
 
 `make_checkpoint(arch="llama"|"qwen2", **overrides) -> Path` writes a random-init checkpoint with
 `save_pretrained` (safetensors, float32) and returns its folder. Same arguments -> same folder
-(cached for the whole test session), so calling it in many tests is cheap.
+(cached once per pytest run), so calling it in many tests is cheap.
 
 Defaults: hidden 64, 4 heads / 2 KV heads (head_dim 16), 2 layers, ffn 128, vocab 256,
 max_position_embeddings 512, untied embeddings, rms_norm_eps 1e-6.

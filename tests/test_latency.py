@@ -145,7 +145,7 @@ def test_default_profile_is_measured_only_where_it_covers_the_models():
     prof, ref = default_profile(["Llama-3-70B", "Llama-3.2-3B"])
     assert ref.path == "builtin:h200-measured" and prof.label.startswith("measured, NVIDIA H200")
     assert "not measured: comm" in prof.label  # copied parts are named in the label
-    _, ref = default_profile(["deepseek-coder-33b", "deepseek-coder-1.3b"])  # measured since the third session
+    _, ref = default_profile(["deepseek-coder-33b", "deepseek-coder-1.3b"])  # both measured in the bundled profile
     assert ref.path == "builtin:h200-measured"
     _, ref = default_profile(["Llama-3-70B", "my-finetune"])  # a model the measured grid lacks
     assert ref.path == "builtin:h200-derived"
