@@ -115,3 +115,23 @@ def make_checkpoint(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture
+def swiftspec_cli(monkeypatch, capsys):
+    """`swiftspec_cli(*args) -> (exit code, stdout, stderr)`: `swiftspec ARGS` run in this process
+    through `cli.main`, as a user's shell would (arguments as strings; earlier output dropped)."""
+    from swiftspec.cli import main
+
+    def run(*args) -> tuple[int, str, str]:
+        monkeypatch.setattr("sys.argv", ["swiftspec", *map(str, args)])
+        capsys.readouterr()
+        code = 0
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

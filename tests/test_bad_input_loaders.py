@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -17,8 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-
-from swiftspec.cli import main
 
 DATA = Path(__file__).parent / "data"
 PKG = Path(str(resources.files("swiftspec") / "data"))
@@ -29,12 +26,6 @@ TINY_CONFIG = {"model_type": "llama", "hidden_size": 8, "intermediate_size": 16,
                "max_position_embeddings": 64, "tie_word_embeddings": False}  # fmt: skip
 
 
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["swiftspec", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 # ---- how each bad input is made: (tmp folder) -> CLI arguments, with -o OUT where the verb writes
@@ -222,10 +213,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_is_one_line_and_exit_2(case, tmp_path, monkeypatch, capsys):
+def test_bad_input_is_one_line_and_exit_2(case, tmp_path, swiftspec_cli):
     make, match = CASES[case]
     args = make(tmp_path)
-    code, out, err = run_cli(args, monkeypatch, capsys)
+    code, out, err = swiftspec_cli(*args)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2, (case, err)
     assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err

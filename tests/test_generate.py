@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import zlib
 
 import pytest
 import torch
 
-from swiftspec.cli import main
 from swiftspec.runtime.decoder import ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, GenerateResult, cache_slots, generate
 from swiftspec.runtime.weights import load_model
@@ -271,25 +269,14 @@ def test_inverse_cdf_sampler_matches_softmax(temperature: float) -> None:
 # ---- CLI -----------------------------------------------------------------------------------
 
 
-def cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """Run `swiftspec ...` in this process through `cli.main` (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["swiftspec", *map(str, args)])
-    capsys.readouterr()  # drop what came before (e.g. checkpoint writing)
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
-def test_cli_json_contract(make_checkpoint, pair, monkeypatch, capsys) -> None:
+def test_cli_json_contract(make_checkpoint, pair, swiftspec_cli) -> None:
     target, draft = make_checkpoint("qwen2"), make_checkpoint("qwen2", **SMALL_DRAFT)
     ids = [5, 6, 7, 8, 9]
-    code, out, err = cli(["generate", "--target", target, "--draft", draft, "--mode", "serial", "--bs", 6,
+    code, out, err = swiftspec_cli("generate", "--target", target, "--draft", draft, "--mode", "serial", "--bs", 6,
                           "--w", 2, "--d", 3, "--prompt-ids", "5,6,7,8,9", "--max-new-tokens", 12, "--no-eos",
-                          "--json"], monkeypatch, capsys)  # fmt: skip
+                          "--json")  # fmt: skip
     assert code == 0, err
     res = json.loads(out)
     assert {"tokens", "text", "tokens_per_s", "mean_accepted", "iterations", "weights"} <= set(res)
@@ -298,57 +285,57 @@ def test_cli_json_contract(make_checkpoint, pair, monkeypatch, capsys) -> None:
     assert res["iterations"] == len(res["records"]) and res["mean_accepted"] >= 1
 
 
-def test_cli_text_prompt_random_weights(make_checkpoint, monkeypatch, capsys) -> None:
+def test_cli_text_prompt_random_weights(make_checkpoint, swiftspec_cli) -> None:
     target = make_checkpoint("llama", tokenizer=True)
     args = ["generate", "--target", target, "--draft", target, "--mode", "chain", "--d", 2, "--prompt", "hi there",
             "--max-new-tokens", 6, "--weights", "random", "--no-eos"]  # fmt: skip
-    code, out, err = cli([*args, "--json"], monkeypatch, capsys)
+    code, out, err = swiftspec_cli(*args, "--json")
     assert code == 0, err
     res = json.loads(out)
     assert res["weights"] == "random" and isinstance(res["text"], str) and len(res["tokens"]) == 6
-    code, out, err = cli(args, monkeypatch, capsys)
+    code, out, err = swiftspec_cli(*args)
     assert code == 0 and "weights: random" in out.splitlines()
 
 
-def test_cli_sampling(make_checkpoint, monkeypatch, capsys) -> None:
+def test_cli_sampling(make_checkpoint, swiftspec_cli) -> None:
     """--temperature / --sample-seed: serial speculation gives autoregressive sampling's tokens."""
     target, draft = make_checkpoint("llama"), make_checkpoint("llama", **SMALL_DRAFT)
     common = ["--target", target, "--prompt-ids", "5,6,7", "--max-new-tokens", 10, "--no-eos",
               "--temperature", 0.8, "--sample-seed", 3]  # fmt: skip
-    code, out, err = cli(["generate", *common, "--json"], monkeypatch, capsys)
+    code, out, err = swiftspec_cli("generate", *common, "--json")
     assert code == 0, err
     ref = json.loads(out)
-    code, out, err = cli(["generate", *common, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2, "--d", 2,
-                          "--json"], monkeypatch, capsys)  # fmt: skip
+    code, out, err = swiftspec_cli("generate", *common, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2, "--d", 2,
+                          "--json")  # fmt: skip
     assert code == 0, err
     res = json.loads(out)
     assert res["temperature"] == ref["temperature"] == 0.8 and res["tokens"] == ref["tokens"]
-    code, out, err = cli(["generate", *common], monkeypatch, capsys)
+    code, out, err = swiftspec_cli("generate", *common)
     assert code == 0 and "temperature: 0.8 (seed 3)" in out.splitlines()[0]
     cut = ["--sample-top-k", 4, "--sample-top-p", 0.9]
-    code, out, err = cli(["generate", *common, *cut, "--json"], monkeypatch, capsys)
+    code, out, err = swiftspec_cli("generate", *common, *cut, "--json")
     assert code == 0, err
     ref = json.loads(out)
-    code, out, err = cli(["generate", *common, *cut, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2,
-                          "--d", 2, "--json"], monkeypatch, capsys)  # fmt: skip
+    code, out, err = swiftspec_cli("generate", *common, *cut, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2,
+                          "--d", 2, "--json")  # fmt: skip
     res = json.loads(out)
     assert code == 0 and (res["sample_top_k"], res["sample_top_p"]) == (4, 0.9)
     assert res["tokens"] == ref["tokens"]
-    code, out, err = cli(["generate", *common, *cut], monkeypatch, capsys)
+    code, out, err = swiftspec_cli("generate", *common, *cut)
     assert code == 0 and "temperature: 0.8, top-k 4, top-p 0.9 (seed 3)" in out.splitlines()[0]
 
 
-def test_cli_fp8_is_labelled_and_lossless(make_checkpoint, monkeypatch, capsys) -> None:
+def test_cli_fp8_is_labelled_and_lossless(make_checkpoint, swiftspec_cli) -> None:
     """--weight-format fp8: the JSON says so, and serial speculation over the fp8 pair gives the
     fp8 target's own greedy tokens (--tree-growth graph falls back to torch on CPU)."""
     target, draft = make_checkpoint("llama"), make_checkpoint("llama", **SMALL_DRAFT)
     common = ["--target", target, "--prompt-ids", "5,6,7", "--max-new-tokens", 8, "--no-eos",
               "--weight-format", "fp8", "--json"]  # fmt: skip
-    code, out, err = cli(["generate", *common], monkeypatch, capsys)
+    code, out, err = swiftspec_cli("generate", *common)
     assert code == 0, err
     ref = json.loads(out)
-    code, out, err = cli(["generate", *common, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2, "--d", 2,
-                          "--tree-growth", "graph"], monkeypatch, capsys)  # fmt: skip
+    code, out, err = swiftspec_cli("generate", *common, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2, "--d", 2,
+                          "--tree-growth", "graph")  # fmt: skip
     assert code == 0, err
     res = json.loads(out)
     assert res["weight_format"] == ref["weight_format"] == "fp8" and res["tokens"] == ref["tokens"]
@@ -381,28 +368,27 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_cli_bad_input(case: str, make_checkpoint, monkeypatch, capsys) -> None:
+def test_cli_bad_input(case: str, make_checkpoint, swiftspec_cli) -> None:
     if case == "cuda" and torch.cuda.is_available():
         pytest.skip("a GPU is present")
     make_args, needle = BAD[case]
-    code, out, err = cli(["generate", *make_args(make_checkpoint), "--max-new-tokens", 4, "--json"],
-                         monkeypatch, capsys)  # fmt: skip
+    code, out, err = swiftspec_cli("generate", *make_args(make_checkpoint), "--max-new-tokens", 4, "--json")  # fmt: skip
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
     assert needle in lines[0]
 
 
-def test_cli_progress_on_stderr_quiet_with_json(make_checkpoint, monkeypatch, capsys) -> None:
+def test_cli_progress_on_stderr_quiet_with_json(make_checkpoint, swiftspec_cli) -> None:
     """Model building and decoding print progress lines on stderr; --json prints none there."""
     target = make_checkpoint("llama")
     args = ["generate", "--target", target, "--draft", target, "--mode", "chain", "--d", 2,
             "--prompt-ids", "1,2,3", "--max-new-tokens", 6, "--no-eos", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
-    code, out, err = cli(args, monkeypatch, capsys)
+    code, out, err = swiftspec_cli(*args)
     assert code == 0, err
     lines = err.splitlines()
     assert any(x.startswith("generate: target ") and " built (" in x for x in lines), err
     assert any(x.startswith("generate: draft ") and " built (" in x for x in lines), err
     assert lines[-1].startswith("generate: 6/6 tokens, ") and lines[-1].endswith(" tok/s"), err
     assert not any("tokens" in x and x.startswith("generate:") for x in out.splitlines())
-    code, out, err = cli([*args, "--json"], monkeypatch, capsys)
+    code, out, err = swiftspec_cli(*args, "--json")
     assert code == 0 and err == "" and json.loads(out)["tokens"]

@@ -10,23 +10,12 @@ import sys
 import pytest
 from test_sim_engine import const_profile
 
-from swiftspec.cli import main
 from swiftspec.sim.profile_default import bundled_profile_dir
 from swiftspec.spec import Plan
 
 QUICK = ["--requests", "2", "--max-new-tokens", "24", "--prompt-len", "200"]
 
 
-def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    """Call `swiftspec ARGS` in-process; returns (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["swiftspec", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +32,9 @@ def tiny(tmp_path_factory):
     return root
 
 
-def test_plan_prints_labels_table_breakdown_and_writes_plan(monkeypatch, capsys, tiny, tmp_path):
+def test_plan_prints_labels_table_breakdown_and_writes_plan(tiny, tmp_path, swiftspec_cli):
     out_file = tmp_path / "plan.json"
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "--gpus", "3", "--target", str(tiny / "tgt"),
+    code, out, err = swiftspec_cli("plan", "--gpus", "3", "--target", str(tiny / "tgt"),
                              "--draft", str(tiny / "drf"), "--profile", str(tiny / "profile"), "--top", "4",
                              "-o", str(out_file), *QUICK)
     assert code == 0, err
@@ -54,7 +43,7 @@ def test_plan_prints_labels_table_breakdown_and_writes_plan(monkeypatch, capsys,
     plan = Plan.load(out_file)
     assert plan.prediction is not None and plan.profile.path == str(tiny / "profile")
     # simulate re-predicts the same plan to the same number
-    code, out, err = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out_file), "--json",
+    code, out, err = swiftspec_cli("simulate", "--plan", str(out_file), "--json",
                              "--trace", str(tmp_path / "trace.json"))
     assert code == 0, err
     got = json.loads(out)
@@ -62,8 +51,8 @@ def test_plan_prints_labels_table_breakdown_and_writes_plan(monkeypatch, capsys,
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
 
 
-def test_plan_json_is_only_json(monkeypatch, capsys, tiny):
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "--gpus", "2", "--target", str(tiny / "tgt"),
+def test_plan_json_is_only_json(tiny, swiftspec_cli):
+    code, out, err = swiftspec_cli("plan", "--gpus", "2", "--target", str(tiny / "tgt"),
                              "--draft", str(tiny / "drf"), "--profile", str(tiny / "profile"), "--json",
                              "--modes", "async,autoregressive", *QUICK)
     assert code == 0, err
@@ -73,8 +62,8 @@ def test_plan_json_is_only_json(monkeypatch, capsys, tiny):
     assert d["rows"][0]["tokens_per_s_mean"] >= d["rows"][1]["tokens_per_s_mean"]
 
 
-def test_default_pair_fully_pinned(monkeypatch, capsys, tmp_path):
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "--gpus", "8", "--modes", "async", "--draft-gpus", "4",
+def test_default_pair_fully_pinned(tmp_path, swiftspec_cli):
+    code, out, err = swiftspec_cli("plan", "--gpus", "8", "--modes", "async", "--draft-gpus", "4",
                              "--bs", "8", "--w", "8", "--d", "3", "--json", *QUICK)
     assert code == 0, err
     rows = json.loads(out)["rows"]
@@ -82,9 +71,9 @@ def test_default_pair_fully_pinned(monkeypatch, capsys, tmp_path):
     assert rows[0]["speedup_vs_autoregressive"] > 1
 
 
-def bad(monkeypatch, capsys, tmp_path, *args) -> str:
+def bad(swiftspec_cli, tmp_path, *args) -> str:
     out_file = tmp_path / "never.json"
-    code, out, err = run_cli(monkeypatch, capsys, *args, "-o", str(out_file), *QUICK)
+    code, out, err = swiftspec_cli(*args, "-o", str(out_file), *QUICK)
     assert code == 2, (out, err)
     assert not out_file.exists() and not list(tmp_path.glob(".never*"))
     lines = err.strip().splitlines()
@@ -92,30 +81,30 @@ def bad(monkeypatch, capsys, tmp_path, *args) -> str:
     return lines[0]
 
 
-def test_bad_inputs(monkeypatch, capsys, tiny, tmp_path):
-    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "2", "--target", "Llama-9-1T")
+def test_bad_inputs(swiftspec_cli, tiny, tmp_path):
+    msg = bad(swiftspec_cli, tmp_path, "plan", "--gpus", "2", "--target", "Llama-9-1T")
     assert "Llama-3-70B" in msg and "Qwen2-72B" in msg  # lists the bundled names
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
-    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "2", "--draft", str(broken))
+    msg = bad(swiftspec_cli, tmp_path, "plan", "--gpus", "2", "--draft", str(broken))
     assert "num_hidden_layers" in msg and "vocab_size" in msg
-    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "1", "--modes", "async")
+    msg = bad(swiftspec_cli, tmp_path, "plan", "--gpus", "1", "--modes", "async")
     assert "at least 2 GPUs" in msg and "disjoint" in msg
     prof = const_profile()
     prof.compute = prof.compute[~((prof.compute["model"] == "tgt") & (prof.compute["tp"] == 2))]
     prof.save(tmp_path / "holey")
-    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "2", "--modes", "autoregressive",
+    msg = bad(swiftspec_cli, tmp_path, "plan", "--gpus", "2", "--modes", "autoregressive",
               "--target", str(tiny / "tgt"), "--draft", str(tiny / "drf"), "--profile", str(tmp_path / "holey"))
     assert "tgt at tp 2" in msg
     (tmp_path / "acc.json").write_text(json.dumps({"positional": [0.9, 0.5], "draft_prob_by_rank": [0.5],
                                                    "meta": {"source": "synthetic"}}))
-    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "2", "--acceptance", str(tmp_path / "acc.json"))
+    msg = bad(swiftspec_cli, tmp_path, "plan", "--gpus", "2", "--acceptance", str(tmp_path / "acc.json"))
     assert "positional" in msg
     derived = str(bundled_profile_dir())  # its 141 GB per GPU: a bf16 70B plus its cache does not fit
-    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "1", "--profile", derived)
+    msg = bad(swiftspec_cli, tmp_path, "plan", "--gpus", "1", "--profile", derived)
     assert "fits" in msg and "--gpus 2" in msg
-    msg = bad(monkeypatch, capsys, tmp_path, "plan", "--gpus", "2", "--modes", "turbo")
+    msg = bad(swiftspec_cli, tmp_path, "plan", "--gpus", "2", "--modes", "turbo")
     assert "unknown mode" in msg
 
 

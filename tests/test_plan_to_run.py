@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 
 import pandas as pd
 import pytest
@@ -46,18 +45,6 @@ def _profile(folder, costs: dict[str, float], **meta) -> str:
     return str(folder)
 
 
-def _cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from swiftspec.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["swiftspec", *map(str, args)])
-    capsys.readouterr()
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -65,12 +52,12 @@ def pair(make_checkpoint):
     return make_checkpoint("llama", seed=3), make_checkpoint("llama", seed=9, weight_std=0.02)
 
 
-def test_an_autoregressive_winner_runs_with_its_baselines(pair, tmp_path, monkeypatch, capsys):
+def test_an_autoregressive_winner_runs_with_its_baselines(pair, tmp_path, swiftspec_cli):
     """`plan --gpus 1` picks autoregressive when the draft costs three times the target and drops
     the draft; `run --plan` then runs it, leaving out the serial baseline with one note."""
     target, draft = pair
     prof = _profile(tmp_path / "prof", {target.name: 1.0, draft.name: 3.0})
-    code, out, err = _cli(monkeypatch, capsys, "plan", "--gpus", 1, "--device", "cpu", "--target", target,
+    code, out, err = swiftspec_cli("plan", "--gpus", 1, "--device", "cpu", "--target", target,
                           "--draft", draft, "--profile", prof, "--max-new-tokens", 16, "--prompt-len", 16,
                           "--requests", 2, "-o", tmp_path / "p.json")
     assert code == 0, err
@@ -99,7 +86,7 @@ def test_plan_tasks_of_old_and_draftless_plans():
     assert tasks[1].policy == TreePolicy()
 
 
-def test_run_refuses_what_does_not_fit_memory_before_starting(pair, tmp_path, monkeypatch, capsys):
+def test_run_refuses_what_does_not_fit_memory_before_starting(pair, tmp_path, monkeypatch, swiftspec_cli):
     """With 10 MiB available (the check reads SWIFTSPEC_AVAILABLE_GIB), run, generate and validate
     refuse in one line saying what is needed and what is free; no worker starts, nothing is written."""
     target, draft = pair
@@ -116,7 +103,7 @@ def test_run_refuses_what_does_not_fit_memory_before_starting(pair, tmp_path, mo
                  ["generate", "--target", target, "--draft", draft, "--mode", "serial", "--prompt-ids", "1,2,3"],
                  ["validate", "--device", "cpu", "--pairs", f"{target}:{draft}", "--profile", prof,
                   "--configs", 2, "-o", tmp_path / "val"]):
-        code, out, err = _cli(monkeypatch, capsys, *args)
+        code, out, err = swiftspec_cli(*args)
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and "GiB is available" in lines[0], (args[0], err)
         assert lines[0].startswith("error: ") and "needs ≈" in lines[0]
