@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_plan_cli import QUICK, run_cli, tiny  # noqa: F401  (tiny is a fixture)
+from test_plan_cli import QUICK, tiny  # noqa: F401  (tiny is a fixture)
 
 from swiftspec.catalog import bundled_acceptance, bundled_profiles, catalog, resolve_builtin
 from swiftspec.spec import UserError, bundled_models
 
 
-def test_list_table_names_everything_bundled(monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "list")
+def test_list_table_names_everything_bundled(swiftspec_cli):
+    code, out, err = swiftspec_cli("list")
     assert code == 0, err
     for name in bundled_models():
         assert name in out
@@ -23,8 +23,8 @@ def test_list_table_names_everything_bundled(monkeypatch, capsys):
     assert "0.7" in out and "synthetic" in out and "derived" in out
 
 
-def test_list_json_is_the_library_catalog(monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "list", "--json")
+def test_list_json_is_the_library_catalog(swiftspec_cli):
+    code, out, err = swiftspec_cli("list", "--json")
     assert code == 0, err
     got = json.loads(out)
     assert got == json.loads(json.dumps(catalog()))
@@ -54,8 +54,8 @@ def test_resolve_builtin():
     assert "\n" not in str(e.value)
 
 
-def test_plan_reads_builtin_acceptance(monkeypatch, capsys, tiny):  # noqa: F811
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "--gpus", "2", "--target", str(tiny / "tgt"),
+def test_plan_reads_builtin_acceptance(tiny, swiftspec_cli):  # noqa: F811
+    code, out, err = swiftspec_cli("plan", "--gpus", "2", "--target", str(tiny / "tgt"),
                              "--draft", str(tiny / "drf"), "--profile", str(tiny / "profile"), "--json",
                              "--modes", "serial", "--acceptance", "builtin:smollm2-135m__int3g32", *QUICK)
     assert code == 0, err
@@ -63,24 +63,24 @@ def test_plan_reads_builtin_acceptance(monkeypatch, capsys, tiny):  # noqa: F811
 
 
 @pytest.mark.parametrize("flag,kind", [("--profile", "profile"), ("--acceptance", "acceptance profile")])
-def test_unknown_builtin_is_one_line_listing_the_known(monkeypatch, capsys, tmp_path, flag, kind):
+def test_unknown_builtin_is_one_line_listing_the_known(tmp_path, flag, kind, swiftspec_cli):
     for args in (["plan", "--gpus", "2"], ["simulate", "--plan", str(tmp_path / "plan.json")],
                  ["validate", "--device", "cpu"]):
-        code, out, err = run_cli(monkeypatch, capsys, *args, flag, "builtin:nope")
+        code, out, err = swiftspec_cli(*args, flag, "builtin:nope")
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1, (args, err)
         assert f"no bundled {kind} 'nope'" in lines[0] and "builtin:" in lines[0].split("are", 1)[1]
 
 
-def test_profile_check_reads_builtin(monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "profile", "check", "builtin:nope")
+def test_profile_check_reads_builtin(swiftspec_cli):
+    code, out, err = swiftspec_cli("profile", "check", "builtin:nope")
     assert code == 2 and "builtin:h200-measured" in err
 
 
-def test_run_and_study_read_builtin_names(monkeypatch, capsys, tmp_path):
-    code, out, err = run_cli(monkeypatch, capsys, "run", "--plan", str(tmp_path / "plan.json"), "--acceptance",
+def test_run_and_study_read_builtin_names(tmp_path, swiftspec_cli):
+    code, out, err = swiftspec_cli("run", "--plan", str(tmp_path / "plan.json"), "--acceptance",
                              "builtin:nope")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "no bundled acceptance profile 'nope'" in err
-    code, out, err = run_cli(monkeypatch, capsys, "study", "split-heatmap", "-i", "builtin:nope",
+    code, out, err = swiftspec_cli("study", "split-heatmap", "-i", "builtin:nope",
                              "-o", str(tmp_path / "figs"))
     assert code == 2 and "no bundled profile or acceptance profile 'nope'" in err and "builtin:h200-fp8" in err

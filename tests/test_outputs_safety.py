@@ -12,7 +12,7 @@ import time
 
 import pandas as pd
 import pytest
-from test_plan_cli import QUICK, run_cli, tiny  # noqa: F401 (tiny: a fixture)
+from test_plan_cli import QUICK, tiny  # noqa: F401 (tiny: a fixture)
 
 from swiftspec.files import LOCK_NAME
 from swiftspec.spec import Mode, Plan, Split, TreePolicy
@@ -35,29 +35,29 @@ def bad_paths(tmp_path):
     }
 
 
-def test_plan_and_simulate_refuse_unwritable_outputs_first(monkeypatch, capsys, tiny, bad_paths):  # noqa: F811
+def test_plan_and_simulate_refuse_unwritable_outputs_first(tiny, bad_paths, swiftspec_cli):  # noqa: F811
     root, cases = bad_paths
     plan_args = ["plan", "--gpus", "2", "--target", str(tiny / "tgt"), "--draft", str(tiny / "drf"),
                  "--profile", str(tiny / "profile"), *QUICK]
     for path, needle in [(root / "a_folder", "is a folder; give a file path"), *cases.values()]:
-        code, out, err = run_cli(monkeypatch, capsys, *plan_args, "-o", str(path))
+        code, out, err = swiftspec_cli(*plan_args, "-o", str(path))
         assert code == 2 and needle in one_error_line(err) and "-o" in err and out == ""
     # the check comes before the inputs are read: a bad --target too still gets the -o line
-    code, _, err = run_cli(monkeypatch, capsys, "plan", "--gpus", "2", "--target", "Llama-9-1T",
+    code, _, err = swiftspec_cli("plan", "--gpus", "2", "--target", "Llama-9-1T",
                            "-o", str(root / "a_folder"))
     assert code == 2 and "-o" in one_error_line(err) and "Llama-9-1T" not in err
-    code, _, err = run_cli(monkeypatch, capsys, "simulate", "--plan", str(root / "nope.json"),
+    code, _, err = swiftspec_cli("simulate", "--plan", str(root / "nope.json"),
                            "--trace", str(root / "a_folder"))
     assert code == 2 and "--trace" in one_error_line(err)
-    code, _, err = run_cli(monkeypatch, capsys, "study", "any-figure", "-o", str(root / "a_file"))
+    code, _, err = swiftspec_cli("study", "any-figure", "-o", str(root / "a_file"))
     assert code == 2 and "-o" in one_error_line(err) and "is a file, not a folder" in err
     assert sorted(p.name for p in root.iterdir()) == ["a_file", "a_folder"] and not list((root / "a_folder").iterdir())
 
 
-def test_plan_output_is_readable_by_others(monkeypatch, capsys, tiny, tmp_path):  # noqa: F811
+def test_plan_output_is_readable_by_others(tiny, tmp_path, swiftspec_cli):  # noqa: F811
     old = os.umask(0o022)
     try:
-        code, _, err = run_cli(monkeypatch, capsys, "plan", "--gpus", "1", "--target", str(tiny / "tgt"),
+        code, _, err = swiftspec_cli("plan", "--gpus", "1", "--target", str(tiny / "tgt"),
                                "--draft", str(tiny / "drf"), "--profile", str(tiny / "profile"),
                                "--modes", "autoregressive", "-o", str(tmp_path / "new" / "p.json"),
                                "--requests", "1", "--max-new-tokens", "4", "--prompt-len", "8")
@@ -91,7 +91,7 @@ def _no_work(monkeypatch):
     monkeypatch.setattr(swiftspec.validate, "repredict", started)
 
 
-def test_run_and_validate_refuse_unwritable_outputs_before_any_worker(monkeypatch, capsys, plan_file, bad_paths):
+def test_run_and_validate_refuse_unwritable_outputs_before_any_worker(monkeypatch, capsys, plan_file, bad_paths, swiftspec_cli):
     root, cases = bad_paths
     _no_work(monkeypatch)
     capsys.readouterr()  # the fixtures' output
@@ -104,7 +104,7 @@ def test_run_and_validate_refuse_unwritable_outputs_before_any_worker(monkeypatc
                  *cases.values()]
     for path, needle in run_cases:
         t0 = time.monotonic()
-        code, _, err = run_cli(monkeypatch, capsys, "run", "--plan", str(plan_file), "--num-prompts", "1",
+        code, _, err = swiftspec_cli("run", "--plan", str(plan_file), "--num-prompts", "1",
                                "-o", str(path))
         assert code == 2 and needle in one_error_line(err) and "-o" in err
         assert time.monotonic() - t0 < 5
@@ -112,25 +112,25 @@ def test_run_and_validate_refuse_unwritable_outputs_before_any_worker(monkeypatc
                          *cases.values()]:
         for extra in ([], ["--repredict", str(root / "rep")]):
             t0 = time.monotonic()
-            code, _, err = run_cli(monkeypatch, capsys, "validate", "--device", "cpu", *extra, "-o", str(path))
+            code, _, err = swiftspec_cli("validate", "--device", "cpu", *extra, "-o", str(path))
             assert code == 2 and needle in one_error_line(err) and "-o" in err
             assert time.monotonic() - t0 < 5
     assert sorted(str(p) for p in root.rglob("*")) == before  # nothing created
 
 
-def test_profile_verbs_refuse_unwritable_outputs(monkeypatch, capsys, bad_paths):
+def test_profile_verbs_refuse_unwritable_outputs(bad_paths, swiftspec_cli):
     root, cases = bad_paths
     (root / "prof").mkdir()
     (root / "prof" / "compute.csv").mkdir()
     before = sorted(str(p) for p in root.rglob("*"))
     for verb in (["compute", "--models", "Llama-3.2-1B", "--device", "cpu"], ["comm", "--device", "cpu"]):
         for path, needle in [(root / "a_file", "is a file, not a folder"), *cases.values()]:
-            code, _, err = run_cli(monkeypatch, capsys, "profile", *verb, "-o", str(path))
+            code, _, err = swiftspec_cli("profile", *verb, "-o", str(path))
             assert code == 2 and needle in one_error_line(err) and "-o" in err
-    code, _, err = run_cli(monkeypatch, capsys, "profile", "compute", "--models", "Llama-3.2-1B", "--device", "cpu",
+    code, _, err = swiftspec_cli("profile", "compute", "--models", "Llama-3.2-1B", "--device", "cpu",
                            "-o", str(root / "prof"))
     assert code == 2 and "compute.csv is a folder where the output file compute.csv goes" in one_error_line(err)
-    code, _, err = run_cli(monkeypatch, capsys, "profile", "acceptance", "--target", "t", "--draft", "d",
+    code, _, err = swiftspec_cli("profile", "acceptance", "--target", "t", "--draft", "d",
                            "-o", str(root / "a_folder"))
     assert code == 2 and "is a folder" in one_error_line(err)
     assert sorted(str(p) for p in root.rglob("*")) == before
@@ -150,7 +150,7 @@ def _measured_comm_folder(path):
     return (path / "comm.csv").read_text(), json.loads((path / "meta.json").read_text())
 
 
-def test_profile_comm_that_measured_nothing_keeps_the_measured_table(monkeypatch, capsys, tmp_path):
+def test_profile_comm_that_measured_nothing_keeps_the_measured_table(monkeypatch, tmp_path, swiftspec_cli):
     """A too-short --timeout measures no row: the measured comm.csv and meta.json stay, one line, exit 2."""
     import swiftspec.profiler.comm as comm
     from swiftspec.profiler.comm import COLUMNS, CommResult
@@ -158,7 +158,7 @@ def test_profile_comm_that_measured_nothing_keeps_the_measured_table(monkeypatch
     csv, meta = _measured_comm_folder(tmp_path / "p")
     empty = CommResult(pd.DataFrame(columns=list(COLUMNS)), True, ["stopped after 0 s: rows measured until then are kept"])
     monkeypatch.setattr(comm, "profile_comm", lambda **k: empty)
-    code, _, err = run_cli(monkeypatch, capsys, "profile", "comm", "--device", "cpu", "--timeout", "0.01",
+    code, _, err = swiftspec_cli("profile", "comm", "--device", "cpu", "--timeout", "0.01",
                            "-o", str(tmp_path / "p"))
     line = one_error_line(err)
     assert code == 2 and "measured nothing (stopped after 0 s)" in line and "kept" in line and "--timeout" in line
@@ -166,7 +166,7 @@ def test_profile_comm_that_measured_nothing_keeps_the_measured_table(monkeypatch
     assert json.loads((tmp_path / "p" / "meta.json").read_text()) == meta
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["comm.csv", "meta.json"]  # no lock left
     # a fresh folder: nothing written at all, not even the folder
-    code, _, err = run_cli(monkeypatch, capsys, "profile", "comm", "--device", "cpu", "-o", str(tmp_path / "q"))
+    code, _, err = swiftspec_cli("profile", "comm", "--device", "cpu", "-o", str(tmp_path / "q"))
     assert code == 2 and "wrote nothing" in one_error_line(err) and not (tmp_path / "q").exists()
 
 
@@ -205,7 +205,7 @@ def test_profile_compute_that_completed_nothing_keeps_the_measured_table(make_ch
 
 @pytest.mark.parametrize("verb", [["compute", "--models", "Llama-3.2-1B", "--device", "cpu", "--quick"],
                                   ["comm", "--device", "cpu", "--world", "2"]])
-def test_a_second_profile_writer_is_refused(monkeypatch, capsys, tmp_path, verb):
+def test_a_second_profile_writer_is_refused(monkeypatch, tmp_path, verb, swiftspec_cli):
     """While a process writes a profile folder, another gets one line and exit 2, and the folder is
     as it was (held here as another process would hold it: its own open file and flock)."""
     import swiftspec.profiler.comm as comm
@@ -215,7 +215,7 @@ def test_a_second_profile_writer_is_refused(monkeypatch, capsys, tmp_path, verb)
     (tmp_path / "p" / "meta.json").write_text("{}\n")
     with open(tmp_path / "p" / LOCK_NAME, "a") as holder:
         fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
-        code, _, err = run_cli(monkeypatch, capsys, "profile", *verb, "-o", str(tmp_path / "p"))
+        code, _, err = swiftspec_cli("profile", *verb, "-o", str(tmp_path / "p"))
     assert code == 2 and "being written by another swiftspec process" in one_error_line(err)
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [LOCK_NAME, "meta.json"]
     assert (tmp_path / "p" / "meta.json").read_text() == "{}\n"
