@@ -45,7 +45,7 @@ from swiftspec.profiler.check import check_profile
 from swiftspec.progress import progress_for
 from swiftspec.sim.engine import Workload, to_chrome_trace
 from swiftspec.sim.search import SearchSpace, breakdown_table, load_inputs, predict_plan, search
-from swiftspec.spec import Mode, Plan, SamplingParams, UserError, to_jsonable
+from swiftspec.spec import LOOPS, Mode, Plan, SamplingParams, UserError, to_jsonable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -282,6 +282,12 @@ def _sampling_params(temperature: float, seed: int, top_k: int, top_p: float) ->
         raise UserError(msg) from None
 
 
+loop_option = click.option(
+    "--loop", type=click.Choice(LOOPS), default="host", show_default=True,
+    help="Decoding loop of autoregressive, chain and serial: host (the tree in Python, a sync per step) | device "
+         "(fixed-shape tensors replayed as CUDA graphs, no sync per step; the same tokens).")
+
+
 def sampling_options(command):
     """Add --temperature, --sample-seed, --sample-top-k and --sample-top-p to a command, which
     receives them as one `sampling: SamplingParams` (checked before the command runs)."""
@@ -347,10 +353,11 @@ DEFAULT_PROMPT_IDS = (1, 2, 3, 4, 5, 6, 7, 8)
 @click.option("--tree-growth", default="auto", show_default=True,
               help="The draft's top-k: auto (the device's default) | torch | triton | graph (replayed from CUDA "
                    "graphs; torch off CUDA).")
+@loop_option
 @sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_ids, max_new_tokens, device,
-             dtype, weights, eos, max_len, seed, weight_format, tree_growth, sampling, as_json) -> None:  # fmt: skip
+             dtype, weights, eos, max_len, seed, weight_format, tree_growth, loop, sampling, as_json) -> None:  # fmt: skip
     """Decode one prompt on one process: autoregressive, chain or serial (tree) speculation."""
     from swiftspec.preflight import check_models
     from swiftspec.runtime.generate import LoadOptions, generate_from_checkpoints, make_policy
@@ -373,7 +380,7 @@ def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_
                  f"{dtype}), then decoding up to {max_new_tokens} tokens")
 
     load = LoadOptions(device=device, dtype=dtype, weights=weights, seed=seed, weight_format=weight_format,
-                       tree_growth=tree_growth, max_len=max_len, memory_check=checked, progress=progress)
+                       tree_growth=tree_growth, loop=loop, max_len=max_len, memory_check=checked, progress=progress)
     res = generate_from_checkpoints(
         target, draft if m is not Mode.autoregressive else None, mode=m, policy=policy,
         prompt=prompt if prompt is not None else _int_list(prompt_ids, "--prompt-ids"),
@@ -583,9 +590,10 @@ def profile_check_cmd(folder, as_json) -> None:
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=seconds(),
               help="seconds a collective may wait / the run may make no progress before it is stopped")
 @click.option("--seed", default=0, show_default=True, type=SEED)
+@loop_option
 @sampling_options
 def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, out_dir,
-            timeout_s, seed, sampling) -> None:
+            timeout_s, seed, loop, sampling) -> None:
     """Run a plan with the asynchronous runtime, plus baselines in the same launch; measured vs predicted.
     Sampling (--temperature > 0) needs measured acceptance: --weights checkpoint, no --acceptance."""
     if out_dir:  # before the run: a path that cannot be written must not cost the measurements
@@ -597,7 +605,7 @@ def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weig
     options = RunOptions(prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, device=device,
                          dtype=dtype, weights=weights, acceptance=acceptance,
                          modes=tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None,
-                         timeout_s=timeout_s, seed=seed)  # fmt: skip
+                         timeout_s=timeout_s, seed=seed, loop=loop)  # fmt: skip
     progress = progress_for(False)
 
     def started(pids: list[int]) -> None:
@@ -682,8 +690,9 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
 @click.option("--repredict", default=None, metavar="REPORT",
               help="Run nothing: predict an earlier sweep (its report.json, folder or printed log) again from "
               "--profile, keeping its measurements and host calibration.")
+@loop_option
 def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights, prompts, max_new_tokens, passes,
-                 calibrate_host, out_dir, seed, repredict) -> None:  # fmt: skip
+                 calibrate_host, out_dir, seed, repredict, loop) -> None:  # fmt: skip
     """Predict configurations from a profile, then run them in one process: predicted vs measured."""
     if out_dir:  # before the sweep: a path that cannot be written must not cost the measurements
         check_output_dir(out_dir, "-o", ("report.csv", "report.json", "host.csv"))
@@ -704,7 +713,7 @@ def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights,
     pair_list = _pairs(pairs)
     sweep = SweepOptions(device=device, pairs=tuple(pair_list) if pair_list else None, configs=configs,
                          weights=weights, prompts=prompts, max_new_tokens=max_new_tokens,
-                         passes=passes or (3 if device == "cuda" else 1), seed=seed, gpus=gpus)  # fmt: skip
+                         passes=passes or (3 if device == "cuda" else 1), seed=seed, gpus=gpus, loop=loop)  # fmt: skip
     rep = validate(sweep, profile=profile_dir, acceptance=acceptance, calibrate=calibrate_host,
                    log=progress)  # fmt: skip
     click.echo(format_report(rep))

@@ -49,6 +49,7 @@ class RunOptions:
     plan's, else the bundled default); checkpoint weights measure acceptance unless `acceptance`
     is given. modes: the tasks (default: the plan's mode, serial, autoregressive). timeout_s: how
     long a collective may wait or the run make no progress. seed: random weights and rank paths.
+    loop: the co-located modes' decoding loop, "host" or "device" (`GenerateConfig.loop`).
     """
 
     prompts: str = "builtin"
@@ -61,6 +62,7 @@ class RunOptions:
     modes: tuple[str, ...] | None = None
     timeout_s: float = 300.0
     seed: int = 0
+    loop: str = "host"
 
 
 def baseline_predictions(plan: Plan, tasks: list[Task], colocated: int, acceptance_path: str | None,
@@ -205,7 +207,7 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
     job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
               max_new_tokens=o.max_new_tokens, device=device, dtype=dtype, weights=o.weights, seed=o.seed,
               rank_paths=paths, timeout_s=o.timeout_s, rank_logprobs=logq, weight_format=weight_format,
-              sampling=sampling, vocab=vocab if plan.draft else None)  # fmt: skip
+              sampling=sampling, vocab=vocab if plan.draft else None, loop=o.loop)  # fmt: skip
     layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
     if torchrun_env() is None:  # under torchrun each node's memory is its own: no check across them
         ranks = f"{layout.world} rank{'s' if layout.world > 1 else ''}"
@@ -216,6 +218,7 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
     iters = pd.DataFrame([r for res in results for r in res["rows"]])
     prs = pd.DataFrame([r for res in results for r in res["prompts"]])
     meta = {**run_metadata(device), "plan": plan.to_dict(), "plan_path": str(plan_path), "weights": o.weights,
+            "loop": o.loop,
             "weight_format": weight_format, "temperature": sampling.temperature, "sample_seed": sampling.seed,
             "sample_top_k": sampling.top_k, "sample_top_p": sampling.top_p, "acceptance": acc_label,
             "device": device, "dtype": dtype, "prompts": o.prompts,

@@ -364,6 +364,11 @@ class ModelSpec:
 # Mode, Split, TreePolicy
 
 
+#: decoding loops: "host" keeps the draft tree in Python lists and syncs every step; "device" keeps it
+#: in fixed-shape device tensors, replayed as CUDA graphs (runtime/device_loop.py)
+LOOPS = ("host", "device")
+
+
 class Mode(str, enum.Enum):
     """How draft and target share the work.
 

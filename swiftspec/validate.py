@@ -64,6 +64,7 @@ from swiftspec.files import atomic_dir, run_metadata
 from swiftspec.preflight import check_models, model_spec
 from swiftspec.run import not_comparable, profile_conditions, rank_paths, run_conditions
 from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
+from swiftspec.runtime.device_loop import LoopPlan
 from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
 from swiftspec.runtime.graphs import ForwardClock
 from swiftspec.runtime.kernel_config import KernelConfig, kernel_mismatch
@@ -214,7 +215,7 @@ def replay_ms(runner, repeats: int = 12) -> dict[int, float] | None:
 def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 32, seed: int = 0,
                    modes: Sequence[Mode] = tuple(HOST_CAL), target: ModelSpec | None = None,
                    draft: ModelSpec | None = None,
-                   tree_growth_ms: Callable[[int], float] | None = None) -> tuple[pd.DataFrame, dict]:
+                   tree_growth_ms: Callable[[int], float] | None = None, loop: str = "host") -> tuple[pd.DataFrame, dict]:
     """Host work of the runtime's `generate` loop on stand-ins of `target` / `draft`
     (`stand_in_config`; None: the tiny reference model) — profile rows and the fit.
 
@@ -222,7 +223,12 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
     graph; CPU: perf_counter around each eager forward, as the CPU profile times them) - the
     profile's `tree_growth` of every draft forward (`tree_growth_ms(tokens)`, which the simulator
     adds to each expansion itself; omit it when the profile has none). Policies `HOST_CAL`, rank
-    paths drawn with seed + 1 (not the paths a validation replays), random prompts.
+    paths drawn with seed + 1 (not the paths a validation replays), random prompts. loop: the
+    decoding loop calibrated; the device loop's forwards run inside its own graphs at fixed row
+    counts, so their device time is the runners' `replay_ms` at those rows (`loop_forward_ms`),
+    and its tree work on the device counts as host work here, as the simulator has no other term
+    for it (CPU: the forwards are not timed apart from the loop's tree work, all of it counts as
+    forwards).
 
     Returns (rows with the Profile.compute columns, {"base": {mode: ms}, "per_forward": ms,
     "per_token": ms, "per_node": ms, "samples": n, "stand_in": {...}}).
@@ -245,7 +251,7 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
         for policy in HOST_CAL[mode]:
             spec = mode is not Mode.autoregressive
             cfg = GenerateConfig(mode=mode, policy=policy, max_new_tokens=new_tokens, keep_subtree=False,
-                                 rank_logprobs=logq if spec else None)
+                                 rank_logprobs=logq if spec else None, loop=loop)
             for rep in range(prompts + 1):  # the first decode warms up (allocations, graph inputs)
                 pi = rep % prompts
                 for r in (t_runner, d_runner):
@@ -257,6 +263,8 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
                     torch.cuda.synchronize()
                 skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * (2 if spec else 1)
                 fwd = clock.take(skip)
+                if loop == "device":
+                    fwd = loop_forward_ms(res, cfg, fixed[id(t_runner)], fixed[id(d_runner)], shared)
                 if rep == 0:
                     continue
                 growth = sum(tree_growth_ms(t) for r in res.records for t in r.forward_tokens) if tree_growth_ms else 0.0
@@ -274,6 +282,22 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
     fit = {"base": base, "per_forward": per_forward, "per_token": per_token, "per_node": per_node,
            "samples": len(y), "stand_in": stand_in}
     return host_rows_from_fit(fit), fit
+
+
+def loop_forward_ms(res, cfg: GenerateConfig, target_ms: dict[int, float] | None, draft_ms: dict[int, float] | None,
+                    vocab: int) -> float:
+    """Device ms of the forwards of a device-loop decode `res`: per iteration one target forward of
+    bs rows and the draft forwards of its round (`LoopPlan`: rows, plus the pending row of the
+    first), each at the replay time of the bucket holding its rows (`replay_ms` tables; None on
+    CPU: the records' phase times, all of them)."""
+    if target_ms is None:
+        return float(sum(r.draft_ms + r.verify_ms for r in res.records))
+    at = lambda table, rows: table[min(b for b in table if b >= rows)]  # noqa: E731
+    per = at(target_ms, cfg.policy.bs)
+    if cfg.mode is not Mode.autoregressive:
+        plan = LoopPlan.build(cfg.policy, vocab)
+        per += sum(at(draft_ms, x.rows + x.pending) for x in plan.expansions)
+    return per * res.iterations
 
 
 def host_rows_from_fit(fit: dict) -> pd.DataFrame:
@@ -373,7 +397,8 @@ class SweepOptions:
     configs: only the first N configurations (`default_configs`). weights: "random" or
     "checkpoint". prompts: builtin prompts per configuration, `max_new_tokens` each. passes: runs
     of every configuration (measured numbers: medians over passes). seed: random weights, rank
-    paths and the host calibration's prompts.
+    paths and the host calibration's prompts. loop: the decoding loop measured and calibrated
+    (`GenerateConfig.loop`).
     """
 
     device: str = "cuda"
@@ -385,6 +410,7 @@ class SweepOptions:
     passes: int = 1
     seed: int = 0
     gpus: int = 1
+    loop: str = "host"
 
 
 def validate(
@@ -463,7 +489,7 @@ def validate(
         host_fit, host_rows = {}, []
         if host_reference if host_reference is not None else device == "cuda":
             say("host work, reference: tiny stand-in (2 layers, vocab 256), for comparison only ...")
-            _, ref = calibrate_host(device, acc, prompts=1, new_tokens=24, seed=seed)
+            _, ref = calibrate_host(device, acc, prompts=1, new_tokens=24, seed=seed, loop=sweep.loop)
             host_fit["reference tiny-2L-v256"] = ref
             say(f"host fit tiny-2L-v256 (reference): {_fit_line(ref)}")
         for t_name, d_name in pairs:
@@ -477,7 +503,7 @@ def validate(
             # 3 prompts on CUDA: the fit has 6 terms, and 2 prompts (18 decodes) leave them noisy
             # from pair to pair though the pairs' host work is about the same
             rows, fit = calibrate_host(device, acc, prompts=3 if device == "cuda" else 2, seed=seed, target=t_spec,
-                                       draft=d_spec, tree_growth_ms=growth)
+                                       draft=d_spec, tree_growth_ms=growth, loop=sweep.loop)
             host_fit[key] = fit
             host_rows += [{"pair": key, **r} for r in rows.to_dict(orient="records")]
             say(f"host fit {key}: {_fit_line(fit)}")
@@ -492,7 +518,7 @@ def validate(
     table = _report_table(cfgs, preds, measured, len(ids), max_new_tokens, comparable=label is None)
     meta = {**run_metadata(device), "profile": profile or "builtin:h200-derived", "profile_label": prof_label,
             "acceptance": acceptance or "builtin:qwen2-72b-table7", "acceptance_label": acc_label,
-            "weights": weights, "weight_format": weight_format, "device": device, "gpus": gpus,
+            "weights": weights, "weight_format": weight_format, "device": device, "gpus": gpus, "loop": sweep.loop,
             "pairs": [list(p) for p in pairs],
             "prompts": len(ids), "prompt_lens": prompt_lens, "tokenized_with": how,
             "max_new_tokens": max_new_tokens, "seed": seed, "passes": passes,
@@ -816,7 +842,7 @@ def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], l
             try:
                 vocab = (shared or {}).get((c.target, c.draft)) if c.draft else None
                 run = lambda name, role, v=vocab: runner(name, role, v)  # noqa: E731
-                seen[c].append(_measure(c, run, ids, paths, logq, max_new, device, warm=p == 0))
+                seen[c].append(_measure(c, run, ids, paths, logq, max_new, device, warm=p == 0, loop=sweep.loop))
             except (RuntimeError, ValueError) as e:  # one broken configuration must not sink the sweep
                 say(f"[{i + 1}/{len(cfgs)}] {c.label} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
                 failed.add(c)
@@ -836,17 +862,19 @@ def _run_all(cfgs: list[Config], ids: list[list[int]], paths: list[list[int]], l
 
 
 def _measure(c: Config, runner, ids: list[list[int]], paths: list[list[int]], logq: tuple[float, ...], max_new: int,
-             device: str, warm: bool) -> dict:
+             device: str, warm: bool, loop: str = "host") -> dict:
     """One pass of configuration `c` over every prompt: the means over prompts of decode tokens/s,
-    accepted length, and per-iteration wall, forward-device and host ms. warm: first a 16-token
-    decode (allocator, caches, first replays)."""
+    accepted length, and per-iteration wall, forward-device and host ms. warm: first a decode of
+    the first prompt (allocator, caches, first replays; for the device loop its graphs' capture).
+    loop: the decoding loop; the device loop's "forward" time is the device time of its graphs,
+    tree work included (CPU: its phases' wall time)."""
     spec = c.mode is not Mode.autoregressive
     target = runner(c.target, "target")
     draft = runner(c.draft, "draft") if spec else None
     rs = [target] + ([draft] if draft is not None else [])
     clock = ForwardClock(rs)
     cfg = GenerateConfig(mode=c.mode, policy=c.policy, max_new_tokens=max_new, keep_subtree=False,
-                         rank_logprobs=logq if spec else None)
+                         rank_logprobs=logq if spec else None, loop=loop)
 
     def once(pi: int, cfg: GenerateConfig = cfg):
         for r in rs:
@@ -858,10 +886,13 @@ def _measure(c: Config, runner, ids: list[list[int]], paths: list[list[int]], lo
         if device == "cuda":
             torch.cuda.synchronize()
         skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * len(rs)
-        return res, clock.take(skip)
+        fwd = clock.take(skip)
+        if loop == "device":
+            fwd = res.device_ms if res.device_ms is not None else sum(r.draft_ms + r.verify_ms for r in res.records)
+        return res, fwd
 
-    if warm:
-        once(0, replace(cfg, max_new_tokens=min(max_new, 16)))
+    if warm:  # the device loop is captured per max_new_tokens: warm it at the measured one
+        once(0, cfg if loop == "device" else replace(cfg, max_new_tokens=min(max_new, 16)))
     tps, acc, it_ms, fwd_ms, host_ms = [], [], [], [], []
     for pi in range(len(ids)):
         res, fwd = once(pi)

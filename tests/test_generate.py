@@ -285,6 +285,24 @@ def test_cli_json_contract(make_checkpoint, pair, swiftspec_cli) -> None:
     assert res["iterations"] == len(res["records"]) and res["mean_accepted"] >= 1
 
 
+def test_cli_device_loop_gives_the_host_loops_tokens(make_checkpoint, pair, swiftspec_cli) -> None:
+    """`--loop device` decodes on fixed-shape tensors: the same tokens and accepted lengths as the
+    host loop, and the output says which loop ran."""
+    target, draft = make_checkpoint("qwen2"), make_checkpoint("qwen2", **SMALL_DRAFT)
+    args = ["generate", "--target", target, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2, "--d", 3,
+            "--prompt-ids", "5,6,7,8,9", "--max-new-tokens", 12, "--no-eos", "--json"]  # fmt: skip
+    runs = {}
+    for loop in ("host", "device"):
+        code, out, err = swiftspec_cli(*args, "--loop", loop)
+        assert code == 0, err
+        runs[loop] = json.loads(out)
+        assert runs[loop]["loop"] == loop
+    assert runs["device"]["tokens"] == runs["host"]["tokens"] == decode(pair("qwen2")[0], None, [5, 6, 7, 8, 9], n=12).tokens
+    assert [r["accepted"] for r in runs["device"]["records"]] == [r["accepted"] for r in runs["host"]["records"]]
+    code, _, err = swiftspec_cli(*args, "--loop", "gpu")
+    assert code == 2 and "--loop" in err
+
+
 def test_cli_text_prompt_random_weights(make_checkpoint, swiftspec_cli) -> None:
     target = make_checkpoint("llama", tokenizer=True)
     args = ["generate", "--target", target, "--draft", target, "--mode", "chain", "--d", 2, "--prompt", "hi there",

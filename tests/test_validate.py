@@ -86,6 +86,18 @@ def test_validate_report_schema(make_checkpoint, tmp_path):
     assert set(doc) == {"meta", "summary", "rows"} and len(doc["rows"]) == 4
 
 
+def test_device_loop_sweep_measures_the_same_acceptance(make_checkpoint, tmp_path):
+    """`loop="device"`: the same configurations replay the same rank paths through the device loop,
+    so the measured accepted lengths equal the predicted ones, and the report says which loop ran."""
+    target, draft, prof = _pair(make_checkpoint, tmp_path)
+    rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
+                   configs=7, prompts=2, max_new_tokens=10, loop="device"), profile=prof, calibrate=False)
+    rows = rep.rows
+    assert np.allclose(rows["predicted_accepted"], rows["measured_accepted"])
+    assert (rows["measured_accepted"] > 1).sum() >= 4 and rep.meta["loop"] == "device"
+    assert (rows["measured_forward_ms"] > 0).all()
+
+
 def test_passes_give_the_median_of_each_configuration(make_checkpoint, tmp_path, monkeypatch):
     """passes=3: every configuration runs once per pass; its measured numbers are the medians over
     passes (a slow pass does not decide it), `passes` and `measured_spread_pct` say how steady it was,

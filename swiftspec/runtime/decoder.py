@@ -60,6 +60,7 @@ class ModelRunner:
         self.tree_len = 0  # live KV slots in the tree region
         self.pending: list[int] = []
         self.vocab_limit = vocab_limit
+        self.loops: dict = {}  # device loops of this runner as a target (`generate`), by config
         self.graphs = None
         if use_graphs if use_graphs is not None else self.device.type == "cuda":
             # masks may span the whole cache: every tree width and prefill chunk replays a graph.

@@ -86,6 +86,7 @@ class Job:
     produces the same tokens. vocab: the ids the pair decodes over (`runtime.vocab.shared_vocab`):
     a model with a larger vocabulary has its logits cut there, the target's too (None: no cut).
     meta: what the launcher reports with a failure (e.g. "memory": the run's estimate).
+    loop: the co-located modes' decoding loop (`GenerateConfig.loop`; async runs its own).
     """
 
     target: str
@@ -105,6 +106,7 @@ class Job:
     sampling: SamplingParams = GREEDY
     vocab: int | None = None
     meta: dict = field(default_factory=dict)
+    loop: str = "host"
 
 
 @dataclass
@@ -379,7 +381,8 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
         draft = _runner(dmodel, draft_slots(longest, job.max_new_tokens, policy), _vocab_limit(ctx, dmodel))
     synthetic = job.rank_paths is not None and draft is not None
     cfg = GenerateConfig(mode=task.mode, policy=policy, max_new_tokens=job.max_new_tokens, keep_subtree=False,
-                         rank_logprobs=tuple(job.rank_logprobs) if synthetic and job.rank_logprobs else None)
+                         rank_logprobs=tuple(job.rank_logprobs) if synthetic and job.rank_logprobs else None,
+                         loop=job.loop)
     prompts, rows = [], []
     for pi, prompt in enumerate(job.prompts):
         ctx.step()

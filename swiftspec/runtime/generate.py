@@ -28,12 +28,14 @@ import pandas as pd
 import torch
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
+from swiftspec.runtime.device_loop import DeviceLoop, LoopConfig, LoopPlan
 from swiftspec.runtime.kernel_config import TREE_GROWTH_IMPLS, WEIGHT_FORMATS, KernelConfig
+from swiftspec.runtime.synthetic import SyntheticVerifier
 from swiftspec.runtime.tree import DraftTree, tree_slots_needed
 from swiftspec.runtime.verify import GreedyVerifier, SamplingVerifier, Verifier
 from swiftspec.runtime.vocab import shared_vocab, vocab_cut
 from swiftspec.runtime.weights import load_model, load_tokenizer
-from swiftspec.spec import Mode, ModelSpec, SamplingParams, TreePolicy, UserError, resolve_model_path
+from swiftspec.spec import LOOPS, Mode, ModelSpec, SamplingParams, TreePolicy, UserError, resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -55,6 +57,8 @@ class GenerateConfig:
     shapes the draft tree instead of the draft's own log-probabilities (`DraftTree`).
     sampling: greedy verification (`GreedyVerifier`) at temperature 0, else lossless sampling of
     the target (`SamplingVerifier`: the same seed gives the same tokens in every mode).
+    loop: "host" (the tree in Python lists, `DraftTree`) or "device" (fixed-shape tensors,
+    replayed as CUDA graphs on a GPU: `device_loop.DeviceLoop`); the same tokens either way.
     """
 
     mode: Mode
@@ -64,6 +68,7 @@ class GenerateConfig:
     keep_subtree: bool = False
     rank_logprobs: tuple[float, ...] | None = None
     sampling: SamplingParams = GREEDY
+    loop: str = "host"
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ class GenerateResult:
     temperature: float = 0.0  # 0: greedy; > 0: sampled (SamplingVerifier)
     sample_top_k: int = 0  # sampled: the top-k cut (0: off)
     sample_top_p: float = 1.0  # sampled: the nucleus mass (1: off)
+    loop: str = "host"  # GenerateConfig.loop
+    device_ms: float | None = None  # device loop on CUDA: device time of its graph replays
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -160,6 +167,14 @@ def generate(
         draft.prefill(prompt_ids[:-1])
     sync()
     prefill_ms = (time.perf_counter() - t0) * 1e3
+
+    if cfg.loop == "device":
+        tokens, records, decode_s, device_ms = _decode_on_device(target, draft, prompt_ids[-1], cfg, verifier)
+        stop = "eos" if tokens and tokens[-1] in cfg.eos_ids else "max_new_tokens"
+        if progress is not None:
+            progress(_decoded_line(len(tokens), cfg.max_new_tokens, decode_s) + (" (eos)" if stop == "eos" else ""))
+        return _result(target, prompt_ids, cfg, tokens, records, decode_s, prefill_ms, stop, tokenizer, weights,
+                       device_ms)
 
     out: list[int] = []
     records: list[IterationRecord] = []
@@ -225,6 +240,12 @@ def generate(
     if progress is not None:
         progress(_decoded_line(len(out), cfg.max_new_tokens, decode_s) + (" (eos)" if stop == "eos" else ""))
 
+    return _result(target, prompt_ids, cfg, out, records, decode_s, prefill_ms, stop, tokenizer, weights)
+
+
+def _result(target: ModelRunner, prompt_ids: Sequence[int], cfg: GenerateConfig, out: list[int],
+            records: list[IterationRecord], decode_s: float, prefill_ms: float, stop: str, tokenizer, weights: str,
+            device_ms: float | None = None) -> GenerateResult:
     return GenerateResult(
         tokens=out,
         text=tokenizer.decode(out) if tokenizer is not None else None,
@@ -234,7 +255,7 @@ def generate(
         weights=weights,
         weight_format=target.model.kernels.weight_format,
         mode=cfg.mode.value,
-        policy=policy.key,
+        policy=cfg.policy.key,
         prompt_len=len(prompt_ids),
         prefill_ms=prefill_ms,
         decode_s=decode_s,
@@ -243,7 +264,57 @@ def generate(
         temperature=cfg.sampling.temperature,
         sample_top_k=cfg.sampling.top_k,
         sample_top_p=cfg.sampling.top_p,
+        loop=cfg.loop,
+        device_ms=device_ms,
     )
+
+
+def _decode_on_device(target: ModelRunner, draft: ModelRunner | None, root: int, cfg: GenerateConfig,
+                      verifier: Verifier) -> tuple[list[int], list[IterationRecord], float, float | None]:
+    """`generate`'s decode by `device_loop.DeviceLoop` (built once per runners and config, kept on
+    the target runner). Returns (tokens, records, decode seconds, device ms of the replays on CUDA)."""
+    speculative = cfg.mode is not Mode.autoregressive
+    if isinstance(verifier, SyntheticVerifier):
+        kind, stream = "synthetic", verifier.path[verifier.pos :]
+    elif isinstance(verifier, SamplingVerifier):
+        kind = "sampled"
+        stream = [verifier.uniform(verifier.produced + i) for i in range(cfg.max_new_tokens + 2 * cfg.policy.bs + 2)]
+    elif isinstance(verifier, GreedyVerifier):
+        kind, stream = "greedy", None
+    else:
+        raise ValueError(f"the device loop verifies greedily, by sampling or by a rank path, not by {type(verifier).__name__}")
+    plan = None
+    if speculative:
+        vocab = draft.vocab_limit or draft.model.spec.vocab
+        plan = LoopPlan.build(cfg.policy, vocab, keep=cfg.keep_subtree and cfg.mode is Mode.serial)
+    lcfg = LoopConfig(plan=plan, verify=kind, max_new_tokens=cfg.max_new_tokens, eos_ids=cfg.eos_ids,
+                      sampling=cfg.sampling, rank_logprobs=cfg.rank_logprobs if speculative else None,
+                      bs=cfg.policy.bs)
+    key = (id(draft), lcfg)
+    loop = target.loops.get(key)
+    if loop is None:
+        loop = target.loops[key] = DeviceLoop(target, draft, lcfg)
+    t0 = time.perf_counter()
+    tokens, stats, times = loop.decode(root, stream)
+    decode_s = time.perf_counter() - t0
+    records = []
+    for row, (draft_ms, verify_ms) in zip(stats, times):
+        k, sent, nodes, fwd = row[0], row[1], row[2], row[3:]
+        nodes_f, tokens_f = fwd[0::2], fwd[1::2]
+        used = [i for i, n in enumerate(nodes_f) if n > 0]
+        records.append(IterationRecord(accepted=k, verified=sent, tree_nodes=nodes, draft_forwards=len(used),
+                                       draft_tokens=sum(nodes_f), draft_ms=draft_ms, verify_ms=verify_ms,
+                                       commit_ms=0.0, forward_tokens=tuple(tokens_f[i] for i in used)))
+    if isinstance(verifier, SyntheticVerifier):
+        for r in records:
+            ranks = [verifier.rank_at(verifier.pos + j) for j in range(r.accepted)]
+            verifier.consumed.append(ranks)
+            verifier.pos += r.accepted
+        verifier.last_bonus_rank = verifier.consumed[-1][-1] if verifier.consumed else verifier.last_bonus_rank
+    elif isinstance(verifier, SamplingVerifier):
+        verifier.produced += sum(r.accepted for r in records)
+    device_ms = sum(a + b for a, b in times) if loop.use_graphs else None
+    return tokens, records, decode_s, device_ms
 
 
 def _decoded_line(done: int, total: int, seconds: float) -> str:
@@ -329,6 +400,7 @@ class LoadOptions:
     weights: "checkpoint" or "random" (at the checkpoint's shapes, seeded by `seed`; a distinct
     draft gets seed + 1). weight_format: both models' GEMM weights, "native" or "fp8".
     tree_growth: the draft's top-k ("auto": the device's default, `KernelConfig.resolve`).
+    loop: the decoding loop, "host" or "device" (`GenerateConfig.loop`).
     max_len: the most KV-cache slots per model.
     memory_check(device, [(spec, KV slots) per model]): called after every other check, before a
     model is built (`swiftspec.preflight.check_models` refuses when the models do not fit).
@@ -342,6 +414,7 @@ class LoadOptions:
     seed: int = 0
     weight_format: str = "native"
     tree_growth: str = "auto"
+    loop: str = "host"
     max_len: int = 4096
     memory_check: Callable[[str, list[tuple[ModelSpec, int]]], object] | None = None
     progress: Callable[[str], None] | None = None
@@ -353,6 +426,8 @@ class LoadOptions:
             raise UserError(f"--weights must be checkpoint or random, got {self.weights!r}")
         if self.weight_format not in WEIGHT_FORMATS:
             raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weight_format!r}")
+        if self.loop not in LOOPS:
+            raise UserError(f"--loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
         if self.tree_growth not in ("auto", *TREE_GROWTH_IMPLS):
             raise UserError(f"--tree-growth must be one of auto, {', '.join(TREE_GROWTH_IMPLS)}, "
                             f"got {self.tree_growth!r}")
@@ -445,6 +520,7 @@ def generate_from_checkpoints(
         eos_ids=eos_ids_of(target) if eos else (),
         keep_subtree=keep_subtree,
         sampling=sampling,
+        loop=load.loop,
     )
     return generate(target_runner, draft_runner, ids, cfg, tokenizer=tokenizer, weights=load.weights,
                     progress=load.progress)
