@@ -7,10 +7,12 @@ share it and talk over gloo (NCCL refuses two ranks on one GPU), so the async nu
 host side and the overlap the GPU allows when shared -- not the two-GPU speed the plan predicts.
 Serial and autoregressive run in the same launch on that GPU (TP 1).
 
-    python benchmarks/bench_async_gpu.py [--max-new-tokens 128] [--num-prompts 4] [--d 3]
+    python benchmarks/bench_async_gpu.py [--max-new-tokens 128] [--num-prompts 4] [--d 3] [--loop device]
 
 Writes benchmarks/results/async_gpu_h200.json (run_metadata, plan, report, summary) and the run
-log folder benchmarks/results/async_gpu_h200_runlog/. Budget: <= 4 minutes.
+log folder benchmarks/results/async_gpu_h200_runlog/, or async_gpu.json and runlog/ in `--out`.
+`--loop device` runs every side's loop on the device (`runtime/device_async.py`). Budget: <= 4
+minutes.
 """
 
 from __future__ import annotations
@@ -52,22 +54,28 @@ def main() -> None:
     ap.add_argument("--w", type=int, default=8)
     ap.add_argument("--d", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=200)
+    ap.add_argument("--loop", choices=("host", "device"), default="host")
+    ap.add_argument("--out", default=None, help="folder for async_gpu.json and runlog/ [default: results/, h200 names]")
     args = ap.parse_args()
+    out_json = Path(args.out) / "async_gpu.json" if args.out else RESULTS / "async_gpu_h200.json"
+    out_log = Path(args.out) / "runlog" if args.out else RESULTS / "async_gpu_h200_runlog"
     plan = make_plan(args.bs, args.w, args.d)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         plan.save(Path(tmp) / "plan.json")
         options = RunOptions(weights="random", device="cuda", num_prompts=args.num_prompts,
-                             max_new_tokens=args.max_new_tokens, timeout_s=args.timeout)
+                             max_new_tokens=args.max_new_tokens, timeout_s=args.timeout, loop=args.loop)
         log = run_plan(Path(tmp) / "plan.json", options)
     report = format_report(log)
     print(report)
-    log.write(RESULTS / "async_gpu_h200_runlog")
+    log.write(out_log)
     out = {"run_metadata": run_metadata("cuda"), "wall_s": time.time() - t0, "plan": plan.to_dict(),
            "report": report.splitlines(), "summary": json.loads(log.summary().to_json(orient="records")),
+           "loop": args.loop,
            "notes": "draft and target processes share one GPU through a gloo link: host-side timing only"}
-    atomic_write_text(RESULTS / "async_gpu_h200.json", json.dumps(out, indent=2, default=str) + "\n")
-    print(f"wrote {RESULTS / 'async_gpu_h200.json'} in {time.time() - t0:.0f} s")
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_json, json.dumps(out, indent=2, default=str) + "\n")
+    print(f"wrote {out_json} in {time.time() - t0:.0f} s")
 
 
 if __name__ == "__main__":

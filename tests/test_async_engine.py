@@ -88,6 +88,45 @@ def test_async_1_draft_2_target_equals_greedy(pair, reference):
         assert r["target_end_ms"] >= r["target_start_ms"] and r["target_gpu_ms"] > 0
 
 
+@pytest.mark.parametrize("split", [(1, 2), (2, 1)], ids=["1draft-2target", "2draft-1target"])
+def test_async_device_loop_equals_greedy_and_the_host_loop(pair, reference, split):
+    """`Job.loop = "device"`: both sides of async keep their loop on the device
+    (`device_async`); the output is target-only greedy, and every iteration accepts what the host
+    loop's accepts (the same trees, the same verdicts), over TP groups on either side."""
+    target, draft = pair
+    tasks = [Task(Mode.async_, TreePolicy(bs=6, w=2, d=2)), Task(Mode.async_, TreePolicy(bs=8, w=3, d=1, max_depth=3)),
+             Task(Mode.async_, TreePolicy.chain(3))]
+    runs = {}
+    for loop in ("device", "host"):
+        job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(*split), tasks=tasks,
+                  prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60, loop=loop)
+        runs[loop] = launch(job)
+    _check(runs["device"], reference)
+    for dev, host in zip(runs["device"], runs["host"]):
+        assert [(r["prompt"], r["accepted"], r["sent"], r["tree_size"]) for r in dev["rows"]] == \
+            [(r["prompt"], r["accepted"], r["sent"], r["tree_size"]) for r in host["rows"]], dev["task"]
+        assert [r["forward_tokens"] for r in dev["rows"]] == [r["forward_tokens"] for r in host["rows"]], dev["task"]
+
+
+def test_async_device_loop_replays_rank_paths_as_the_host_loop_does(pair):
+    """Synthetic acceptance (`Job.rank_paths`): the device loop follows the same ranks, names the
+    same bonus tokens (the draft resolves them in its whole tree) and keeps the same subtrees."""
+    target, draft = pair
+    paths = [[0, 0, 1, -1, 1, 0, 0, 2, 0, 1, 0, 0, 3, 0, -1, 1] * 3, [1, 0, 0, 0, -1, 0, 2, 1] * 6]
+    tasks = [Task(Mode.async_, TreePolicy(bs=6, w=3, d=2))]
+    runs = {}
+    for loop in ("device", "host"):
+        job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(1, 1), tasks=tasks,
+                  prompts=PROMPTS[:2], max_new_tokens=MAX_NEW, timeout_s=60, loop=loop, rank_paths=paths,
+                  rank_logprobs=[-0.3, -1.6, -2.4, -3.3])  # fmt: skip
+        (runs[loop],) = launch(job)
+    keys = ("prompt", "accepted", "ranks", "sent", "tree_size", "kept", "forward_tokens")
+    assert [[r.get(k) for k in keys] for r in runs["device"]["rows"]] == \
+        [[r.get(k) for k in keys] for r in runs["host"]["rows"]]
+    assert [p["tokens"] for p in runs["device"]["prompts"]] == [p["tokens"] for p in runs["host"]["prompts"]]
+    assert any(r.get("kept") for r in runs["device"]["rows"])  # subtrees were kept
+
+
 def test_async_2_draft_1_target_equals_greedy(pair, reference):
     target, draft = pair
     tasks = [Task(Mode.async_, TreePolicy(bs=5, w=2, d=1))]
@@ -116,7 +155,8 @@ def test_async_fp8_models_equal_fp8_greedy_at_any_tp(pair):
     assert fp8 != native  # the fp8 models ran
 
 
-def test_async_sampling_equals_target_only_sampling(pair):
+@pytest.mark.parametrize("loop", ["host", "device"])
+def test_async_sampling_equals_target_only_sampling(pair, loop):
     """Sampling (`Job.sampling`, truncated by its top_k / top_p): with 1 draft rank + 2
     target ranks, async, serial and the autoregressive baseline all give single-process target-only
     sampling's tokens, prompt i drawn with seed sampling.seed + i; and those differ from greedy (the
@@ -125,7 +165,7 @@ def test_async_sampling_equals_target_only_sampling(pair):
     tasks = [Task(Mode.async_, TreePolicy(bs=6, w=2, d=2)), Task(Mode.serial, TreePolicy(bs=6, w=2, d=2)),
              Task(Mode.autoregressive, TreePolicy.autoregressive())]
     job = Job(target=str(target), draft=str(draft), split=Split.disaggregated(1, 2), tasks=tasks,
-              prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60,
+              prompts=PROMPTS, max_new_tokens=MAX_NEW, timeout_s=60, loop=loop,
               sampling=SamplingParams(temperature=0.9, seed=5, top_k=20, top_p=0.9))
     results = launch(job)
     sampled = [generate_from_checkpoints(target, mode="autoregressive", prompt=p, max_new_tokens=MAX_NEW, eos=False,

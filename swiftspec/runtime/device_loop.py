@@ -145,7 +145,7 @@ class LoopConfig:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_KINDS)}, got {self.verify!r}")
 
 
-class _Side:
+class ModelSide:
     """One model's device state: its runner, prefix length and pending token (draft only)."""
 
     def __init__(self, runner: ModelRunner):
@@ -176,11 +176,11 @@ class DeviceLoop:
     kernels of `kernels/tree_state.py` (None: on CUDA, for trees started fresh every round; a kept
     subtree's re-root runs in torch), else in torch, the reference."""
 
-    def __init__(self, target: ModelRunner, draft: ModelRunner | None, cfg: LoopConfig, *,
+    def __init__(self, target: ModelRunner | None, draft: ModelRunner | None, cfg: LoopConfig, *,
                  graphs: bool | None = None, fused: bool | None = None):
-        self.cfg, self.dev = cfg, target.device
-        self.t = _Side(target)
-        self.d = _Side(draft) if draft is not None else None
+        self.cfg, self.dev = cfg, (target or draft).device
+        self.t = ModelSide(target) if target is not None else None  # None: the draft side of async
+        self.d = ModelSide(draft) if draft is not None else None
         plan = cfg.plan
         dev, long = self.dev, torch.long
         self.bs = cfg.bs if plan is None else plan.policy.bs
@@ -393,11 +393,13 @@ class DeviceLoop:
         else:
             self._reroot(path_nodes, on_path, last, bonus, live)
 
-    def _synthetic_bonus(self, last: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    def _synthetic_bonus(self, last: torch.Tensor, fallback: torch.Tensor, r: torch.Tensor | None = None) -> torch.Tensor:
         """`synthetic.resolve_bonus` on the device: the rank-r child of `last` in the whole tree,
-        else `fallback` if it is not a child token of `last`, else the smallest id that is not."""
+        else `fallback` if it is not a child token of `last`, else the smallest id that is not.
+        r: the target's rank after `last` (default: the replayed stream's)."""
         N = self.N
-        r = self.stream[(self.pos + self.dep[last]).clamp(max=self.stream_len - 1)]
+        if r is None:
+            r = self.stream[(self.pos + self.dep[last]).clamp(max=self.stream_len - 1)]
         kid = (self.ar_n < self.count) & (self.par[:N] == last)
         hit = kid & (self.rank[:N] == r)
         kid_tok = self.tok[:N]

@@ -44,13 +44,14 @@ import torch
 import torch.distributed as dist
 
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
+from swiftspec.runtime.device_async import AsyncDraftLoop, AsyncTargetLoop
 from swiftspec.runtime.generate import GREEDY, GenerateConfig, gc_paused, generate, make_verifier
 from swiftspec.runtime.groups import Groups, Layout, Link, broadcast
 from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.runlog import SpanTimer
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC, SyntheticVerifier, resolve_bonus
 from swiftspec.runtime.tree import DraftTree
-from swiftspec.runtime.verify import Verdict
+from swiftspec.runtime.verify import SamplingVerifier, Verdict
 from swiftspec.runtime.vocab import vocab_cut
 from swiftspec.runtime.weights import load_model
 from swiftspec.spec import Mode, ModelSpec, SamplingParams, Split, TreePolicy
@@ -86,7 +87,8 @@ class Job:
     produces the same tokens. vocab: the ids the pair decodes over (`runtime.vocab.shared_vocab`):
     a model with a larger vocabulary has its logits cut there, the target's too (None: no cut).
     meta: what the launcher reports with a failure (e.g. "memory": the run's estimate).
-    loop: the co-located modes' decoding loop (`GenerateConfig.loop`; async runs its own).
+    loop: the decoding loop, "host" or "device" (`GenerateConfig.loop`; async with a dynamic tree:
+    `device_async`).
     """
 
     target: str
@@ -245,9 +247,132 @@ def _expand(tree: DraftTree, fwd, runner, fwd_nodes: list[int], fwd_tokens: list
     return f > 0
 
 
+def _device_side(ctx: Ctx, task: Task) -> bool:
+    """Whether this task's async loops run on the device (`Job.loop`; static trees keep the host loop)."""
+    return ctx.job.loop == "device" and task.policy.kind == "dynamic"
+
+
+@gc_paused
+def _async_draft_device(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t0: float) -> tuple[list, list]:
+    """`_async_draft` with the tree on the device (`device_async.AsyncDraftLoop`)."""
+    lay, g, policy, job = ctx.layout, ctx.groups, task.policy, ctx.job
+    leader = ctx.rank == lay.draft_leader
+    link = Link(g.link, lay.target_leader) if leader else None
+    synthetic = job.rank_paths is not None
+    key = ("async-draft", policy, job.max_new_tokens, synthetic)
+    dl = runner.loops.get(key)
+    if dl is None:
+        logq = tuple(job.rank_logprobs) if synthetic and job.rank_logprobs else None
+        dl = runner.loops[key] = AsyncDraftLoop(runner, policy, job.max_new_tokens, logq)
+    dl.start(prompt[-1])
+    ms = lambda: (time.perf_counter() - t0) * 1e3  # noqa: E731
+    vbuf = torch.zeros(4 + policy.bs, dtype=torch.long)
+    rows, counts = [], []
+    it = 0
+    while True:
+        ctx.step()
+        row = {"iteration": it, "draft_start_ms": ms()}
+        forwards, first = 0, True
+        size, open_, kept = dl.probe()
+        if it > 0:  # what the previous iteration's re-root kept (the last iteration does not re-root)
+            rows[-1]["kept"] = kept
+        while size < policy.bs and open_ > 0:  # immediate expansions
+            dl.expand(first)
+            first, forwards = False, forwards + 1
+            size, open_, _ = dl.probe()
+        row["pre_forwards"] = forwards
+        smsg = dl.select()
+        row.update(sent=int(smsg[1]), tree_size=size)
+        work = link.isend(smsg) if leader else None  # smsg stays untouched until work.wait()
+        row["send_ms"] = ms()
+        for _ in range(policy.d):  # overlapped with the target's verify
+            dl.expand(first)
+            first, forwards = False, forwards + 1
+        row["draft_end_ms"] = row["wait_start_ms"] = ms()
+        if leader:
+            work.wait()
+            link.recv(vbuf)
+        broadcast(vbuf, lay.draft_leader, g.draft_ctrl, len(lay.draft_ranks))
+        row["wait_end_ms"] = ms()
+        kind, k = int(vbuf[0]), int(vbuf[1])
+        c0 = time.perf_counter()
+        dl.apply(vbuf)
+        row.update(accepted=k, draft_forwards=forwards, commit_ms=(time.perf_counter() - c0) * 1e3)
+        rows.append(row)
+        counts.append(forwards)
+        it += 1
+        if kind == KIND_DONE:
+            break
+    ctx.sync()
+    out, fwd_tokens = dl.result()
+    at = 0
+    for row, n in zip(rows, counts):
+        row["forward_tokens"] = fwd_tokens[at : at + n]
+        row["draft_tokens"] = sum(row["forward_tokens"])
+        row["draft_gpu_ms"] = 0.0  # inside the device loop's graphs; not timed apart
+        at += n
+    return out[: job.max_new_tokens], rows
+
+
+@gc_paused
+def _async_target_device(ctx: Ctx, task: Task, runner: ModelRunner, prompt_index: int, t0: float) -> list:
+    """`_async_target` with verification on the device (`device_async.AsyncTargetLoop`)."""
+    lay, g, policy, job = ctx.layout, ctx.groups, task.policy, ctx.job
+    leader = ctx.rank == lay.target_leader
+    link = Link(g.link, lay.draft_leader) if leader else None
+    if job.rank_paths:
+        kind_v, stream = "synthetic", job.rank_paths[prompt_index]
+    elif job.sampling.greedy:
+        kind_v, stream = "greedy", None
+    else:
+        kind_v = "sampled"
+        sv = SamplingVerifier(job.sampling.for_prompt(prompt_index))
+        stream = [sv.uniform(i) for i in range(job.max_new_tokens + 2 * policy.bs + 2)]
+    key = ("async-target", policy, kind_v, job.sampling)
+    tl_ = runner.loops.get(key)
+    if tl_ is None:
+        tl_ = runner.loops[key] = AsyncTargetLoop(runner, policy, kind_v, job.sampling,
+                                                  job.max_new_tokens + 2 * policy.bs + 2)  # fmt: skip
+    tl_.start(stream)
+    ms = lambda: (time.perf_counter() - t0) * 1e3  # noqa: E731
+    sbuf = torch.zeros(3 + 3 * policy.bs, dtype=torch.long)
+    produced, rows, pending_send, it = 0, [], None, 0
+    while True:
+        ctx.step()
+        w0 = ms()
+        if leader:
+            link.recv(sbuf)
+        broadcast(sbuf, lay.target_leader, g.target_ctrl, len(lay.target_ranks))
+        row = {"iteration": it, "target_wait_ms": ms() - w0, "target_start_ms": ms(), "kv_len": runner.prefix_len}
+        v = tl_.step(sbuf)
+        row["target_end_ms"] = ms()
+        k = v[1]
+        if kind_v == "synthetic":
+            path = job.rank_paths[prompt_index]
+            row["ranks"] = [path[produced + j] if produced + j < len(path) else -1 for j in range(k)]
+        produced += k
+        runner.prefix_len += k
+        kind = KIND_DONE if produced >= job.max_new_tokens else KIND_MORE
+        if leader:
+            if pending_send is not None:
+                pending_send[0].wait()
+            msg = torch.tensor([kind, *v[1:]], dtype=torch.long)
+            pending_send = (link.isend(msg), msg)
+            row["target_send_ms"] = ms()
+        row["target_gpu_ms"] = 0.0  # inside the verify graph; not timed apart
+        rows.append(row)
+        it += 1
+        if kind == KIND_DONE:
+            if pending_send is not None:
+                pending_send[0].wait()
+            return rows
+
+
 @gc_paused
 def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t0: float) -> tuple[list, list]:
     """Algorithm 1, draft side, one prompt. Returns (generated tokens, iteration rows) on the leader."""
+    if _device_side(ctx, task):
+        return _async_draft_device(ctx, task, runner, prompt, t0)
     lay, g, policy = ctx.layout, ctx.groups, task.policy
     leader = ctx.rank == lay.draft_leader
     link = Link(g.link, lay.target_leader) if leader else None
@@ -317,6 +442,8 @@ def _async_draft(ctx: Ctx, task: Task, runner: ModelRunner, prompt: list[int], t
 @gc_paused
 def _async_target(ctx: Ctx, task: Task, runner: ModelRunner, prompt_index: int, t0: float) -> list:
     """Algorithm 1, target side, one prompt. Returns iteration rows on the leader."""
+    if _device_side(ctx, task):
+        return _async_target_device(ctx, task, runner, prompt_index, t0)
     lay, g, policy, job = ctx.layout, ctx.groups, task.policy, ctx.job
     leader = ctx.rank == lay.target_leader
     link = Link(g.link, lay.draft_leader) if leader else None

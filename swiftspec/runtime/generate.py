@@ -287,8 +287,9 @@ def _decode_on_device(target: ModelRunner, draft: ModelRunner | None, root: int,
     if speculative:
         vocab = draft.vocab_limit or draft.model.spec.vocab
         plan = LoopPlan.build(cfg.policy, vocab, keep=cfg.keep_subtree and cfg.mode is Mode.serial)
+    sampling = verifier.sampling if isinstance(verifier, SamplingVerifier) else cfg.sampling  # the verifier's draws
     lcfg = LoopConfig(plan=plan, verify=kind, max_new_tokens=cfg.max_new_tokens, eos_ids=cfg.eos_ids,
-                      sampling=cfg.sampling, rank_logprobs=cfg.rank_logprobs if speculative else None,
+                      sampling=sampling, rank_logprobs=cfg.rank_logprobs if speculative else None,
                       bs=cfg.policy.bs)
     key = (id(draft), lcfg)
     loop = target.loops.get(key)
