@@ -1,6 +1,7 @@
 """The fused tree kernels (kernels/tree_state.py) against the torch reference (device_loop.py).
 
-Two `DeviceLoop`s over the same runners' models, one with `fused=True`, one with `fused=False`,
+Two `DeviceLoop`s over the same runners' models, one with `fused=True`, one with `fused=False`
+(with a kept subtree, half the dynamic cases, only the expansions are fused),
 run the same iterations; after every draft round and every verify-and-update the whole tree state
 (node table, cum_logprobs, ancestor matrix, counters), both prefixes, the pending token, the
 output and the stats must be equal. Random trees come from a noisy copy of the target as the
@@ -81,19 +82,21 @@ def test_fused_steps_equal_the_torch_steps(models, seed: int, verify: str) -> No
     target, draft = models
     rng = random.Random(seed * 7 + len(verify))
     policy = random_policy(rng)
+    keep = policy.kind == "dynamic" and seed % 2 == 1  # a kept subtree: fused expansions, torch re-root
     prompt = [rng.randrange(256) for _ in range(rng.randint(1, 9))]
     ranks = [rng.choice([0, 0, 0, 1, 2, -1]) for _ in range(200)]
     max_new = 24
     loops = []
     for fused in (True, False):
         t = ModelRunner(target, len(prompt) + max_new + 4 * policy.bs + 8)
-        d = ModelRunner(draft, len(prompt) + max_new + 4 * policy.bs + LoopPlan.build(policy, 256).slots + 8)
-        cfg = LoopConfig(plan=LoopPlan.build(policy, draft.spec.vocab), verify=verify, max_new_tokens=max_new,
+        d = ModelRunner(draft, len(prompt) + max_new + 4 * policy.bs + LoopPlan.build(policy, 256, keep=True).slots + 8)
+        plan = LoopPlan.build(policy, draft.spec.vocab, keep=keep)
+        cfg = LoopConfig(plan=plan, verify=verify, max_new_tokens=max_new,
                          eos_ids=(rng.randrange(256),), sampling=SamplingParams(temperature=0.7, seed=seed),
                          rank_logprobs=(-0.1, -1.7, -2.4, -3.1, -4.0, -5.2) if verify == "synthetic" else None,
                          bs=policy.bs)  # fmt: skip
         loop = DeviceLoop(t, d, cfg, graphs=False, fused=fused)
-        assert loop.fused is fused
+        assert loop.fused_expand is fused and loop.fused is (fused and not keep)
         t.prefill(prompt[:-1])
         d.prefill(prompt[:-1])
         stream = None

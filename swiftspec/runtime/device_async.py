@@ -71,17 +71,18 @@ def _to_host(src: torch.Tensor, pinned: torch.Tensor) -> list[int]:
 
 class AsyncDraftLoop:
     """The draft side of Algorithm 1 on device tensors (module docstring). One per runner and
-    policy; `start` per prompt."""
+    policy; `start` per prompt. fused: expansions by the Triton kernels (`DeviceLoop`; None: on
+    CUDA)."""
 
     def __init__(self, runner: ModelRunner, policy: TreePolicy, max_new_tokens: int,
-                 rank_logprobs: tuple[float, ...] | None = None):
+                 rank_logprobs: tuple[float, ...] | None = None, fused: bool | None = None):
         self.policy, self.bs = policy, policy.bs
         vocab = runner.vocab_limit or runner.model.spec.vocab
         imm = -(-(policy.bs - 1) // max(min(policy.w, vocab), 1))  # expansions a fresh tree needs to reach bs
         plan = LoopPlan.build(policy, vocab, keep=True, rounds=max(imm + policy.d, 2))
         cfg = LoopConfig(plan=plan, verify="synthetic" if rank_logprobs else "greedy", max_new_tokens=max_new_tokens,
                          rank_logprobs=rank_logprobs, bs=policy.bs)  # fmt: skip
-        self.loop = lp = DeviceLoop(None, runner, cfg, graphs=False, fused=False)
+        self.loop = lp = DeviceLoop(None, runner, cfg, graphs=False, fused=fused)
         dev = lp.dev
         self.first, self.later = plan.expansions[0], plan.expansions[1]
         self.sel = torch.zeros(self.bs, dtype=torch.long, device=dev)

@@ -173,8 +173,8 @@ class DeviceLoop:
 
     Build once per (runners, LoopConfig) and call `decode` per prompt: on CUDA the first call
     captures the graphs (`graphs=None`: on CUDA devices). fused: the bookkeeping by the Triton
-    kernels of `kernels/tree_state.py` (None: on CUDA, for trees started fresh every round; a kept
-    subtree's re-root runs in torch), else in torch, the reference."""
+    kernels of `kernels/tree_state.py` (None: on CUDA), else in torch, the reference; a kept
+    subtree's re-root (`LoopPlan.keep`) runs in torch either way."""
 
     def __init__(self, target: ModelRunner | None, draft: ModelRunner | None, cfg: LoopConfig, *,
                  graphs: bool | None = None, fused: bool | None = None):
@@ -220,8 +220,10 @@ class DeviceLoop:
         self._fwd_buf, self._vstats = z(max(2 * len(exps), 1)), z(2)
         self._fwd, self._fwd_tok = self._fwd_buf[0::2].unbind(0), self._fwd_buf[1::2].unbind(0)
         self._sel_n, self._tree_n = self._vstats.unbind(0)
-        self.fused = (fused if fused is not None else dev.type == "cuda") and (plan is None or not plan.keep)
-        if self.fused:
+        # the fused verify-and-update starts a fresh tree; a kept subtree's re-root stays in torch
+        self.fused_expand = fused if fused is not None else dev.type == "cuda"
+        self.fused = self.fused_expand and self.t is not None and (plan is None or not plan.keep)
+        if self.fused_expand:
             self._fused_buffers()
         # a static round's node ids, on the device before any capture (a host copy cannot be captured)
         as_dev = lambda v: None if v is None else torch.tensor(v, dtype=long, device=dev)  # noqa: E731
@@ -315,7 +317,7 @@ class DeviceLoop:
     def draft_round(self) -> None:
         """Every draft forward of one round (`LoopPlan.expansions`)."""
         for e, x in enumerate(self.cfg.plan.expansions):
-            if self.fused:
+            if self.fused_expand:
                 self._expand_fused(e, x)
             else:
                 self._expand(e, x)
