@@ -98,6 +98,29 @@ def test_device_loop_sweep_measures_the_same_acceptance(make_checkpoint, tmp_pat
     assert (rows["measured_forward_ms"] > 0).all()
 
 
+def test_device_loop_forwards_are_timed_at_their_padded_rows():
+    """`loop_forward_ms`: per iteration one target forward of bs rows and the draft round of the
+    device loop's plan (a fresh tree's root plus the pending row, then w rows per expansion), each
+    at the replay time of the bucket that holds it."""
+    from types import SimpleNamespace
+
+    from swiftspec.runtime.generate import GenerateConfig
+    from swiftspec.spec import TreePolicy
+    from swiftspec.validate import loop_forward_ms
+
+    table = {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}
+    res = SimpleNamespace(iterations=5, records=[])
+    serial = GenerateConfig(Mode.serial, TreePolicy(bs=8, w=4, d=3), 32, loop="device")
+    # target 8 rows -> 8; draft: root + pending = 2 rows -> 2, then 4 rows twice -> 4 + 4
+    assert loop_forward_ms(res, serial, table, table, vocab=256) == 5 * (8 + 2 + 4 + 4)
+    chain = GenerateConfig(Mode.chain, TreePolicy.chain(3), 32, loop="device")  # bs 4; draft rows 2, 1, 1
+    assert loop_forward_ms(res, chain, table, table, vocab=256) == 5 * (4 + 2 + 1 + 1)
+    ar = GenerateConfig(Mode.autoregressive, TreePolicy.autoregressive(), 32, loop="device")
+    assert loop_forward_ms(res, ar, table, None, vocab=256) == 5 * 1
+    cpu = SimpleNamespace(iterations=2, records=[SimpleNamespace(draft_ms=1.5, verify_ms=2.0)] * 2)
+    assert loop_forward_ms(cpu, serial, None, None, vocab=256) == 7.0  # CPU: the phases' wall time
+
+
 def test_passes_give_the_median_of_each_configuration(make_checkpoint, tmp_path, monkeypatch):
     """passes=3: every configuration runs once per pass; its measured numbers are the medians over
     passes (a slow pass does not decide it), `passes` and `measured_spread_pct` say how steady it was,

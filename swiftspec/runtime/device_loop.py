@@ -210,6 +210,7 @@ class DeviceLoop:
         self.pos = z(())  # output position of the root: tokens produced so far
         self.out = z(cfg.max_new_tokens + self.bs + 1)
         self.nout, self.done, self.iters = z(()), z((), dtype=torch.bool), z(())
+        self.flags = z(2)  # (done, nout) as one int64 pair: one small copy to the host per iteration
         self.max_iters = cfg.max_new_tokens + 2
         exps = () if plan is None else plan.expansions
         self.stats = z(self.max_iters + 1, 3 + 2 * len(exps))  # k, selected, tree size, (nodes, tokens) per forward
@@ -325,10 +326,15 @@ class DeviceLoop:
     # ---- verify and update ---------------------------------------------------------------
 
     def verify_and_update(self) -> None:
-        """Select, verify, accept, commit both caches, re-root, append the produced tokens."""
+        """Select, verify, accept, commit both caches, re-root, append the produced tokens; then
+        (done, tokens so far) into `flags`, what the host reads back."""
         if self.fused:
             self._verify_fused()
-            return
+        else:
+            self._verify_torch()
+        self.flags.copy_(torch.stack([self.done.to(torch.long), self.nout]))
+
+    def _verify_torch(self) -> None:
         N, S, bs, t = self.N, self.S, self.bs, self.t
         plan, cfg = self.cfg.plan, self.cfg
         ar = self.ar_bs
@@ -651,8 +657,7 @@ class DeviceLoop:
             self.graphs[1].replay()
             marks[2].record()
             events.append(marks)
-            flags[i % 2, 0].copy_(self.done, non_blocking=True)
-            flags[i % 2, 1].copy_(self.nout, non_blocking=True)
+            flags[i % 2].copy_(self.flags, non_blocking=True)
             copied[i % 2].record()
             if i > 0:
                 done, nout = read(i - 1)
