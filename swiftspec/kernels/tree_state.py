@@ -31,21 +31,28 @@ TOK, PAR, DEP, RANK, SLOT = (tl.constexpr(i) for i in range(5))  # rows of NODES
 
 
 @triton.jit
+def _keys(NODES, CUM, idx, N, count, MAX_DEPTH, MODE: tl.constexpr):
+    """(member, key) of nodes idx: MODE 0, members are the open nodes (unexpanded, below
+    MAX_DEPTH when > 0), 1: all nodes; key = cum_logprob held above -inf for members, -inf else."""
+    inside = idx < N
+    cum = tl.load(CUM + idx, mask=inside, other=0.0)
+    ok = inside & (idx < count)
+    if MODE == 0:
+        slot = tl.load(NODES + SLOT * (N + 1) + idx, mask=inside, other=0)
+        dep = tl.load(NODES + DEP * (N + 1) + idx, mask=inside, other=0)
+        ok = ok & (slot < 0) & ((MAX_DEPTH == 0) | (dep < MAX_DEPTH))
+    floor = tl.full(cum.shape, -1e300, tl.float64)
+    return ok, tl.where(ok, tl.maximum(cum, floor), float("-inf"))
+
+
+@triton.jit
 def _rank_before(key_i, i, NODES, CUM, N, count, MAX_DEPTH, MODE: tl.constexpr, BLOCK_J: tl.constexpr):
     """rank of each i: members j with key_j > key_i, or equal and j < i. MODE 0: members are the
     open nodes (expansion), 1: all nodes (selection)."""
     rank = tl.zeros(key_i.shape, tl.int32)
     for j0 in range(0, N, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        in_j = j < N
-        cum_j = tl.load(CUM + j, mask=in_j, other=0.0)
-        ok_j = in_j & (j < count)
-        if MODE == 0:
-            slot_j = tl.load(NODES + SLOT * (N + 1) + j, mask=in_j, other=0)
-            dep_j = tl.load(NODES + DEP * (N + 1) + j, mask=in_j, other=0)
-            ok_j = ok_j & (slot_j < 0) & ((MAX_DEPTH == 0) | (dep_j < MAX_DEPTH))
-        floor = tl.full(cum_j.shape, -1e300, tl.float64)
-        key_j = tl.where(ok_j, tl.maximum(cum_j, floor), float("-inf"))
+        ok_j, key_j = _keys(NODES, CUM, j, N, count, MAX_DEPTH, MODE)
         before = (key_j[None, :] > key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None]))
         rank += tl.sum((before & ok_j[None, :]).to(tl.int32), axis=1)
     return rank
@@ -57,15 +64,7 @@ def _best(NODES, CUM, N, count, MAX_DEPTH, M, MODE: tl.constexpr, OUT_P2: tl.con
     """The best M members (see `_rank_before`) in ascending id order, N for none: (OUT_P2,), and
     how many there are."""
     i = tl.arange(0, BLOCK_N)
-    in_n = i < N
-    cum_i = tl.load(CUM + i, mask=in_n, other=0.0)
-    ok_i = in_n & (i < count)
-    if MODE == 0:
-        slot_i = tl.load(NODES + SLOT * (N + 1) + i, mask=in_n, other=0)
-        dep_i = tl.load(NODES + DEP * (N + 1) + i, mask=in_n, other=0)
-        ok_i = ok_i & (slot_i < 0) & ((MAX_DEPTH == 0) | (dep_i < MAX_DEPTH))
-    floor = tl.full(cum_i.shape, -1e300, tl.float64)
-    key_i = tl.where(ok_i, tl.maximum(cum_i, floor), float("-inf"))
+    ok_i, key_i = _keys(NODES, CUM, i, N, count, MAX_DEPTH, MODE)
     rank = _rank_before(key_i, i, NODES, CUM, N, count, MAX_DEPTH, MODE, BLOCK_J)
     chosen = ok_i & (rank < M)
     place = tl.cumsum(chosen.to(tl.int32), axis=0) - 1

@@ -21,9 +21,16 @@ from __future__ import annotations
 import torch
 
 from swiftspec.runtime.decoder import ModelRunner
-from swiftspec.runtime.device_loop import DeviceLoop, LoopConfig, LoopPlan, ModelSide
+from swiftspec.runtime.device_loop import (
+    DeviceLoop,
+    LoopConfig,
+    LoopPlan,
+    ModelSide,
+    accept,
+    outside_or_child,
+    target_choice,
+)
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC
-from swiftspec.runtime.verify import sample_by_inverse_cdf
 from swiftspec.spec import SamplingParams, TreePolicy
 
 KIND_TREE = 1  # engine.KIND_TREE (the engine imports this module)
@@ -244,36 +251,20 @@ class AsyncTargetLoop:
         logits = side.forward(torch.where(vs, tok, 0), torch.where(vs, tp + dep, 0), torch.where(vs, tp + ar, side.scratch),
                               tp, mask)
         step = self.pos + dep
-        if self.verify == "sampled":
-            sp = self.sampling
-            u = self.stream[step.clamp(max=self.stream_len - 1)]
-            choice = sample_by_inverse_cdf(logits, u, float(sp.temperature), int(sp.top_k), float(sp.top_p))
-        else:
-            choice = logits.argmax(dim=-1)
-        prow = par.clamp(min=0)
+        choice = target_choice(logits, self.verify, self.sampling, self.stream, step)
+        # a node's rank among its siblings (children come in draft-rank order)
+        sib = ((par[None, :] == par[:, None]) & (ar[None, :] < ar[:, None]) & vs[None, :]).sum(dim=1)
         if self.verify == "synthetic":
-            sib = ((par[None, :] == par[:, None]) & (ar[None, :] < ar[:, None]) & vs[None, :]).sum(dim=1)
             ok = sib == self.stream[(step - 1).clamp(0, self.stream_len - 1)]
         else:
-            ok = tok == choice[prow]
-        ok = vs & ((ar == 0) | ok)
-        acc = vs & ~(mask & ~ok[None, :]).any(dim=1)
-        k = acc.sum()
-        last_row = torch.argmax(torch.where(acc, dep, -1)).view(1)
+            ok = tok == choice[par.clamp(min=0)]
+        k, last_row, path_rows = accept(mask, vs & ((ar == 0) | ok), vs, dep)
         bonus = choice[last_row]
         bonus_rank = torch.full_like(k, NOT_SYNTHETIC)
         if self.verify == "synthetic":  # synthetic.resolve_bonus over the subtree; the draft re-resolves
             bonus_rank = self.stream[(self.pos + dep[last_row]).clamp(max=self.stream_len - 1)][0]
             kid = vs & (par == last_row)
-            sib = ((par[None, :] == par[:, None]) & (ar[None, :] < ar[:, None]) & vs[None, :]).sum(dim=1)
-            hit = kid & (sib == bonus_rank)
-            cand = torch.arange(bs + 1, device=self.dev)
-            free = ~(kid[None, :] & (tok[None, :] == cand[:, None])).any(dim=1)
-            smallest = cand[torch.argmax(free.to(torch.int8)).view(1)]
-            taken = (kid & (tok == bonus)).any()
-            bonus = torch.where(hit.any(), tok[torch.argmax(hit.to(torch.int8)).view(1)],
-                                torch.where(taken, smallest, bonus))
-        path_rows = torch.sort(torch.where(acc, ar, bs)).values
+            bonus = outside_or_child(kid, tok, kid & (sib == bonus_rank), bonus, bs + 1)
         on_path = ar < k
         src = torch.where(on_path, tp + path_rows.clamp(max=bs - 1), side.scratch)
         side.move(src, torch.where(on_path, tp + ar, side.scratch))

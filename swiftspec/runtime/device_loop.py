@@ -145,6 +145,39 @@ class LoopConfig:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_KINDS)}, got {self.verify!r}")
 
 
+def target_choice(logits: torch.Tensor, verify: str, sampling: SamplingParams, stream: torch.Tensor,
+                  step: torch.Tensor) -> torch.Tensor:
+    """The target's token at every verified row: its draw from the uniform of the row's output
+    position `step` (sampled, `verify.SamplingVerifier`), else its argmax. (rows,) int64."""
+    if verify == "sampled":
+        u = stream[step.clamp(max=stream.shape[0] - 1)]
+        return sample_by_inverse_cdf(logits, u, float(sampling.temperature), int(sampling.top_k),
+                                     float(sampling.top_p))
+    return logits.argmax(dim=-1)
+
+
+def accept(mask: torch.Tensor, ok: torch.Tensor, vs: torch.Tensor, dep: torch.Tensor):
+    """The accepted path: a row is accepted when it and every ancestor (mask row) are `ok`.
+    Returns (k: path length, last_row (1,), path_rows (bs,): the path's rows in order, then bs)."""
+    bs = ok.shape[0]
+    acc = vs & ~(mask & ~ok[None, :]).any(dim=1)
+    last_row = torch.argmax(torch.where(acc, dep, -1)).view(1)  # (1,): a 0-d index would sync
+    rows = torch.arange(bs, device=ok.device)
+    return acc.sum(), last_row, torch.sort(torch.where(acc, rows, bs)).values
+
+
+def outside_or_child(kid: torch.Tensor, kid_tok: torch.Tensor, hit: torch.Tensor, fallback: torch.Tensor,
+                     candidates: int) -> torch.Tensor:
+    """`synthetic.resolve_bonus`: the token of the `hit` child if there is one, else `fallback` if
+    no child (`kid`) carries it, else the smallest id no child carries (< candidates). (1,)."""
+    cand = torch.arange(candidates, device=kid.device)
+    free = ~(kid[None, :] & (kid_tok[None, :] == cand[:, None])).any(dim=1)
+    smallest = cand[torch.argmax(free.to(torch.int8)).view(1)]
+    taken = (kid & (kid_tok == fallback)).any()
+    return torch.where(hit.any(), kid_tok[torch.argmax(hit.to(torch.int8)).view(1)],
+                       torch.where(taken, smallest, fallback))
+
+
 class ModelSide:
     """One model's device state: its runner, prefix length and pending token (draft only)."""
 
@@ -360,12 +393,7 @@ class DeviceLoop:
 
         # the target's choice at every selected node, and which nodes it accepts
         step = self.pos + dep  # output position of each node's next token
-        if cfg.verify == "sampled":
-            sp = cfg.sampling
-            u = self.stream[step.clamp(max=self.stream_len - 1)]
-            choice = sample_by_inverse_cdf(logits, u, float(sp.temperature), int(sp.top_k), float(sp.top_p))
-        else:
-            choice = logits.argmax(dim=-1)
+        choice = target_choice(logits, cfg.verify, cfg.sampling, self.stream, step)
         inv = torch.zeros(N + 1, dtype=torch.long, device=self.dev)
         inv[sel] = ar
         prow = inv[f_par.clamp(min=0)]
@@ -373,15 +401,11 @@ class DeviceLoop:
             ok = f_rank == self.stream[(step - 1).clamp(0, self.stream_len - 1)]
         else:
             ok = tok == choice[prow]
-        ok = vs & ((ar == 0) | ok)
-        acc = vs & ~(mask & ~ok[None, :]).any(dim=1)
-        k = acc.sum()
-        last_row = torch.argmax(torch.where(acc, dep, -1)).view(1)  # (1,): a 0-d index would sync
+        k, last_row, path_rows = accept(mask, vs & ((ar == 0) | ok), vs, dep)
         last = sel[last_row]
         bonus = choice[last_row]
         if cfg.verify == "synthetic":
             bonus = self._synthetic_bonus(last, bonus)
-        path_rows = torch.sort(torch.where(acc, ar, bs)).values  # (bs,): the path's rows, then bs
         on_path = ar < k
 
         # target: the accepted path's KV into the prefix (fixed size: padding moves scratch)
@@ -409,15 +433,8 @@ class DeviceLoop:
         if r is None:
             r = self.stream[(self.pos + self.dep[last]).clamp(max=self.stream_len - 1)]
         kid = (self.ar_n < self.count) & (self.par[:N] == last)
-        hit = kid & (self.rank[:N] == r)
-        kid_tok = self.tok[:N]
-        taken = (kid & (kid_tok == fallback)).any()
-        cand = torch.arange(int(self.cfg.plan.policy.w if self.cfg.plan.policy.kind != "static" else N) + 1,
-                            device=self.dev)
-        free = ~(kid[None, :] & (kid_tok[None, :] == cand[:, None])).any(dim=1)
-        smallest = cand[torch.argmax(free.to(torch.int8)).view(1)]
-        return torch.where(hit.any(), kid_tok[torch.argmax(hit.to(torch.int8)).view(1)],
-                           torch.where(taken, smallest, fallback))
+        most = self.cfg.plan.policy.w if self.cfg.plan.policy.kind != "static" else N  # children of one node
+        return outside_or_child(kid, self.tok[:N], kid & (self.rank[:N] == r), fallback, most + 1)
 
     def _emit(self, new: torch.Tensor, k: torch.Tensor, live: torch.Tensor) -> None:
         """Append new[:k] to the output, cut after an EOS id and at the token budget; record the
@@ -556,7 +573,7 @@ class DeviceLoop:
             BS=bs, BS_P2=ts.p2(bs), DYNAMIC=plan is not None and plan.policy.kind != "static", SAMPLED=sampled,
             BLOCK_N=ts.p2(self.N), BLOCK_J=32)  # fmt: skip
         logits = t.forward(v["tok"], v["pos"], v["slot"], t.prefix, v["mask"])
-        if sampled:
+        if sampled:  # the kernel gathered each row's uniform
             sp = cfg.sampling
             choice = sample_by_inverse_cdf(logits, v["u"], float(sp.temperature), int(sp.top_k), float(sp.top_p))
         else:
