@@ -5,10 +5,12 @@ draft's top-k and the target's verdict back every step: one device sync per draf
 verify, and 0.6-1.4 ms of host work per iteration on the H200 (docs/performance.md). Here the
 same iteration runs on device tensors of fixed shapes, so on CUDA it is captured once per policy
 and replayed: the host launches two graphs per iteration (the draft round; verify and update) and
-reads the produced-token count back with one small asynchronous copy, one iteration late (the
-stop conditions, EOS and the token budget, are checked on the device, and an iteration launched
-after the stop changes nothing the caller sees). On a CPU the same functions run eagerly, so the
-lossless tests cover this path.
+reads (done, tokens so far) back with one small asynchronous copy, one iteration late, or at once
+when the token budget is within one iteration (the stop conditions, EOS and the budget, are
+checked on the device, and an iteration launched after the stop changes nothing the caller sees).
+On CUDA the bookkeeping between the forwards is four Triton kernels (`kernels/tree_state.py`);
+the torch code here is their reference and what runs on a CPU, eagerly, so the lossless tests
+cover this path.
 
 The tree is the one `tree.DraftTree` grows, node for node (same creation order, same ties: the
 higher cum_logprob first, then the smaller id), held in arrays of a fixed capacity `N` plus one
@@ -40,7 +42,7 @@ import torch
 
 from swiftspec.kernels import tree_state as ts
 from swiftspec.runtime.decoder import ModelRunner
-from swiftspec.runtime.tree import DraftTree, top_logprobs, tree_slots_needed
+from swiftspec.runtime.tree import DraftTree, top_logprobs
 from swiftspec.runtime.verify import sample_by_inverse_cdf
 from swiftspec.spec import SamplingParams, TreePolicy
 
@@ -707,10 +709,3 @@ class DeviceLoop:
         torch.cuda.synchronize()
         self.graphs = graphs
 
-
-def loop_slots(plan: LoopPlan | None, policy: TreePolicy) -> int:
-    """Draft tree-region slots the device loop uses beyond the host loop's (`tree_slots_needed`):
-    its fixed-shape KV moves write up to bs + S slots past the prefix."""
-    if plan is None:
-        return policy.bs
-    return max(plan.slots + policy.bs, tree_slots_needed(policy))
