@@ -282,10 +282,15 @@ def _sampling_params(temperature: float, seed: int, top_k: int, top_p: float) ->
         raise UserError(msg) from None
 
 
-loop_option = click.option(
-    "--loop", type=click.Choice(LOOPS), default="host", show_default=True,
-    help="Decoding loop of autoregressive, chain and serial: host (the tree in Python, a sync per step) | device "
-         "(fixed-shape tensors replayed as CUDA graphs, no sync per step; the same tokens).")
+LOOP_HELP = ("host (the draft tree in Python, a sync per step) | device (fixed-shape tensors replayed as CUDA "
+             "graphs, no sync per step; the same tokens)")
+loop_option = click.option("--loop", type=click.Choice(LOOPS), default="host", show_default=True,
+                           help=f"Decoding loop: {LOOP_HELP}.")
+# run and validate compare with a profile's predictions: by default they run the loop it measured
+profile_loop_option = click.option(
+    "--loop", type=click.Choice(LOOPS), default=None,
+    help=f"Decoding loop: {LOOP_HELP} [default: the loop whose host work the profile measured, meta.json "
+         "`loop`; host for the bundled profiles].")
 
 
 def sampling_options(command):
@@ -441,8 +446,11 @@ def profile_group() -> None:
                    "head and >= 32 tokens through the Gluon warp-specialized tree attention: Hopper, bf16/fp16) | "
                    "off. Recorded in meta.json.")
 @click.option("--time-budget", type=seconds(), default=None, help="Seconds; then stop and write what was measured.")
+@click.option("--loop", type=click.Choice(LOOPS), default="host", show_default=True,
+              help="The decoding loop whose host work the host rows measure (meta.json `loop`; `run` and `validate` "
+                   "then run that loop by default).")
 def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
-                        weight_format, attention_ws, time_budget) -> None:  # fmt: skip
+                        weight_format, attention_ws, time_budget, loop) -> None:  # fmt: skip
     """Time forward/layers, embed, LM head, tree growth, KV compaction and host work per iteration."""
     check_output_dir(output, "-o", ("compute.csv", "comm.csv", "meta.json", "compute.partial.csv"))
     from swiftspec.profiler.compute import ComputeGrid, ComputeOptions, TimingConfig, profile_compute
@@ -458,7 +466,7 @@ def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, 
         [m.strip() for m in models.split(",") if m.strip()], output, device=device, grid=grid,
         timing=TimingConfig.for_device(device, quick),
         options=ComputeOptions(dtype=dtype, host=host, alias=alias, attention=attention, weight_format=weight_format,
-                               attention_ws=attention_ws, time_budget_s=time_budget),
+                               attention_ws=attention_ws, time_budget_s=time_budget, loop=loop),
         progress=sys.stderr.isatty(),
         log=None if sys.stderr.isatty() else (lambda line: click.echo(line, err=True)),
     )  # fmt: skip
@@ -590,7 +598,7 @@ def profile_check_cmd(folder, as_json) -> None:
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=seconds(),
               help="seconds a collective may wait / the run may make no progress before it is stopped")
 @click.option("--seed", default=0, show_default=True, type=SEED)
-@loop_option
+@profile_loop_option
 @sampling_options
 def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, out_dir,
             timeout_s, seed, loop, sampling) -> None:
@@ -690,7 +698,7 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
 @click.option("--repredict", default=None, metavar="REPORT",
               help="Run nothing: predict an earlier sweep (its report.json, folder or printed log) again from "
               "--profile, keeping its measurements and host calibration.")
-@loop_option
+@profile_loop_option
 def validate_cmd(gpus, configs, device, profile_dir, acceptance, pairs, weights, prompts, max_new_tokens, passes,
                  calibrate_host, out_dir, seed, repredict, loop) -> None:  # fmt: skip
     """Predict configurations from a profile, then run them in one process: predicted vs measured."""

@@ -30,7 +30,7 @@ from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
 from swiftspec.sim.latency import LatencyModel
 from swiftspec.sim.predict_run import RunWorkload, predict_run
 from swiftspec.sim.search import load_inputs, predict_plan
-from swiftspec.spec import AcceptanceProfile, Mode, Plan, Profile, SamplingParams, Split, UserError
+from swiftspec.spec import LOOPS, AcceptanceProfile, Mode, Plan, Profile, SamplingParams, Split, UserError
 
 
 def rank_paths(profile: AcceptanceProfile, n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -49,7 +49,8 @@ class RunOptions:
     plan's, else the bundled default); checkpoint weights measure acceptance unless `acceptance`
     is given. modes: the tasks (default: the plan's mode, serial, autoregressive). timeout_s: how
     long a collective may wait or the run make no progress. seed: random weights and rank paths.
-    loop: the co-located modes' decoding loop, "host" or "device" (`GenerateConfig.loop`).
+    loop: the decoding loop, "host" or "device" (`GenerateConfig.loop`; None: the loop the plan's
+    profile measured, meta.json `loop`, host when it names none).
     """
 
     prompts: str = "builtin"
@@ -62,7 +63,7 @@ class RunOptions:
     modes: tuple[str, ...] | None = None
     timeout_s: float = 300.0
     seed: int = 0
-    loop: str = "host"
+    loop: str | None = None
 
 
 def baseline_predictions(plan: Plan, tasks: list[Task], colocated: int, acceptance_path: str | None,
@@ -204,10 +205,13 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
         logq = rank_logprobs(prof)
 
     weight_format = plan_weight_format(plan)
+    loop = o.loop or planned_on.get("loop", "host")  # the loop the prediction's host terms describe
+    if loop not in LOOPS:
+        raise UserError(f"--loop must be one of {', '.join(LOOPS)}, got {loop!r}")
     job = Job(target=plan.target, draft=plan.draft, split=plan.split, tasks=tasks, prompts=ids,
               max_new_tokens=o.max_new_tokens, device=device, dtype=dtype, weights=o.weights, seed=o.seed,
               rank_paths=paths, timeout_s=o.timeout_s, rank_logprobs=logq, weight_format=weight_format,
-              sampling=sampling, vocab=vocab if plan.draft else None, loop=o.loop)  # fmt: skip
+              sampling=sampling, vocab=vocab if plan.draft else None, loop=loop)  # fmt: skip
     layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
     if torchrun_env() is None:  # under torchrun each node's memory is its own: no check across them
         ranks = f"{layout.world} rank{'s' if layout.world > 1 else ''}"
@@ -218,7 +222,7 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
     iters = pd.DataFrame([r for res in results for r in res["rows"]])
     prs = pd.DataFrame([r for res in results for r in res["prompts"]])
     meta = {**run_metadata(device), "plan": plan.to_dict(), "plan_path": str(plan_path), "weights": o.weights,
-            "loop": o.loop,
+            "loop": loop,
             "weight_format": weight_format, "temperature": sampling.temperature, "sample_seed": sampling.seed,
             "sample_top_k": sampling.top_k, "sample_top_p": sampling.top_p, "acceptance": acc_label,
             "device": device, "dtype": dtype, "prompts": o.prompts,

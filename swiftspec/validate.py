@@ -79,6 +79,7 @@ from swiftspec.sim.predict_run import RunWorkload, predict_run, run_trajectories
 from swiftspec.sim.profile_default import default_profile
 from swiftspec.sim.tree_dp import best_static_tree
 from swiftspec.spec import (
+    LOOPS,
     AcceptanceProfile,
     Mode,
     ModelSpec,
@@ -398,7 +399,7 @@ class SweepOptions:
     "checkpoint". prompts: builtin prompts per configuration, `max_new_tokens` each. passes: runs
     of every configuration (measured numbers: medians over passes). seed: random weights, rank
     paths and the host calibration's prompts. loop: the decoding loop measured and calibrated
-    (`GenerateConfig.loop`).
+    (`GenerateConfig.loop`; None: the profile's, meta.json `loop`, host when it names none).
     """
 
     device: str = "cuda"
@@ -410,7 +411,7 @@ class SweepOptions:
     passes: int = 1
     seed: int = 0
     gpus: int = 1
-    loop: str = "host"
+    loop: str | None = None
 
 
 def validate(
@@ -458,6 +459,10 @@ def validate(
         raise UserError(f"profile {profile} was measured on {prof.meta.get('device')}, not {device}")
     # an fp8 profile (`profile compute --weight-format fp8`) is validated on fp8 models
     weight_format = prof.meta.get("weight_format", "native")
+    # the loop whose host work the profile measured, unless the sweep names one
+    sweep = replace(sweep, loop=sweep.loop or prof.meta.get("loop", "host"))
+    if sweep.loop not in LOOPS:
+        raise UserError(f"--loop must be one of {', '.join(LOOPS)}, got {sweep.loop!r}")
     stale = [m for m in kernel_mismatch(prof.meta, device) if not m.startswith("weight_format:")]
     if stale:  # predictions then describe other kernels than the ones that run
         say(f"warning: the profile's kernels differ from the runtime's ({'; '.join(stale)}): re-profile "

@@ -73,16 +73,18 @@ def test_an_autoregressive_winner_runs_with_its_baselines(pair, tmp_path, swifts
 
 def test_run_with_the_device_loop_gives_the_host_loops_tokens(pair, tmp_path, swiftspec_cli):
     """`run --loop device`: the co-located tasks decode on the device loop, every prompt's tokens
-    are the host loop's, and the run log says which loop ran."""
+    are the host loop's, and the run log says which loop ran; without --loop, the loop whose host
+    work the plan's profile measured (meta.json `loop`) runs."""
     target, draft = pair
-    prof = _profile(tmp_path / "prof", {target.name: 3.0, draft.name: 0.3})
+    prof = _profile(tmp_path / "prof", {target.name: 3.0, draft.name: 0.3}, loop="device")
     code, out, err = swiftspec_cli("plan", "--gpus", 1, "--device", "cpu", "--target", target,
                                    "--draft", draft, "--profile", prof, "--max-new-tokens", 16, "--prompt-len", 16,
                                    "--requests", 2, "-o", tmp_path / "p.json")  # fmt: skip
     assert code == 0, err
     assert Plan.load(tmp_path / "p.json").mode is not Mode.autoregressive
-    logs = {loop: run_plan(tmp_path / "p.json", RunOptions(num_prompts=2, max_new_tokens=8, timeout_s=60, loop=loop))
-            for loop in ("host", "device")}  # fmt: skip
+    logs = {loop or "device": run_plan(tmp_path / "p.json", RunOptions(num_prompts=2, max_new_tokens=8, timeout_s=60,
+                                                                      loop=loop))
+            for loop in ("host", None)}  # fmt: skip
     tokens = {loop: {(r["task"], r["prompt"]): r["tokens"] for r in log.prompts.to_dict(orient="records")}
               for loop, log in logs.items()}  # fmt: skip
     assert len(tokens["device"]) >= 4 and tokens["device"] == tokens["host"]

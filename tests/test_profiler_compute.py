@@ -235,6 +235,24 @@ def test_host_rows_cover_every_mode(make_checkpoint, tmp_path):
         assert lat.host_ms(m) == pytest.approx(host.loc[m.value, "ms"], rel=1e-12)
 
 
+def test_host_rows_of_the_device_loop_are_labelled_and_kept_apart(make_checkpoint, tmp_path):
+    """--loop device: the host rows measure the device loop, meta.json says so (run and validate
+    then run that loop by default), and a folder holding the host loop's rows refuses them."""
+    ckpt = make_checkpoint("llama")
+    grid = ComputeGrid(tps=(1,), tokens=(1,), kv=(16,), compact=(1,))
+    res = profile_compute([str(ckpt)], tmp_path / "dev", device="cpu", grid=grid, timing=FAST, progress=False,
+                          options=ComputeOptions(host_decodes=(1, 6), loop="device"))  # fmt: skip
+    assert Profile.load(tmp_path / "dev").meta["loop"] == "device"
+    host = res.compute[res.compute["op"] == "host"].set_index("model")
+    assert (host.loc[["autoregressive", "chain", "serial"], "n"] == 1).all()
+    profile_compute([str(ckpt)], tmp_path / "host", device="cpu", grid=grid, timing=FAST, progress=False,
+                    options=ComputeOptions(host=False))  # fmt: skip
+    assert Profile.load(tmp_path / "host").meta["loop"] == "host"
+    with pytest.raises(UserError, match="holds host rows of the host loop"):
+        profile_compute([str(ckpt)], tmp_path / "host", device="cpu", grid=grid, timing=FAST, progress=False,
+                        options=ComputeOptions(host_decodes=(1, 6), loop="device"))  # fmt: skip
+
+
 def test_cli_check_reports_errors_per_op(cpu_profile, monkeypatch, capsys):
     from swiftspec import cli
 

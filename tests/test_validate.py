@@ -92,6 +92,8 @@ def test_device_loop_sweep_measures_the_same_acceptance(make_checkpoint, tmp_pat
     target, draft, prof = _pair(make_checkpoint, tmp_path)
     rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
                    configs=7, prompts=2, max_new_tokens=10, loop="device"), profile=prof, calibrate=False)
+    assert validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint", configs=1,
+                                 prompts=1, max_new_tokens=4), profile=prof, calibrate=False).meta["loop"] == "host"
     rows = rep.rows
     assert np.allclose(rows["predicted_accepted"], rows["measured_accepted"])
     assert (rows["measured_accepted"] > 1).sum() >= 4 and rep.meta["loop"] == "device"

@@ -73,7 +73,16 @@ from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.tree import top_logprobs
 from swiftspec.runtime.weights import load_model
 from swiftspec.sim.profile_default import HOST_MS
-from swiftspec.spec import COMM_COLUMNS, Mode, ModelSpec, Profile, TreePolicy, UserError, resolve_model_path
+from swiftspec.spec import (
+    COMM_COLUMNS,
+    LOOPS,
+    Mode,
+    ModelSpec,
+    Profile,
+    TreePolicy,
+    UserError,
+    resolve_model_path,
+)
 
 HOST_CAVEAT = "host (tiny stand-in: under-estimates real shapes; `swiftspec validate` calibrates per pair)"
 OPS = ("forward", "embed", "lm_head", "layers", "tree_growth", "kv_compact", "host")
@@ -394,7 +403,7 @@ def _async_host_row() -> dict:
 
 
 def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int = 3, new_tokens: int = 48,
-                 seed: int = 0) -> list[dict]:
+                 seed: int = 0, loop: str = "host") -> list[dict]:
     """Host work of one iteration per mode (ms): iteration wall time minus the forwards' device time.
 
     Runs the runtime's own `generate` loop (tree growth, selection, verification, KV compaction,
@@ -409,7 +418,9 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     iterations; the row is the median over `prompts` decodes. The device time of log-softmax/top-w
     and of `KVCache.move` stays in host (launch-bound at this size, a few µs); the profile's
     `tree_growth` and `kv_compact` rows hold their device time at real shapes. `async` needs the
-    multi-process runtime and is not measured here.
+    multi-process runtime and is not measured here. loop: the decoding loop measured
+    (`GenerateConfig.loop`); for the device loop the subtracted device time is its graphs' (tree
+    kernels included), so the rows hold what the host adds.
     """
     folder = _tiny_config_dir()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -425,12 +436,15 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
             target = ModelRunner(model, cache_slots(len(ids), new_tokens, policy, draft=False))
             draft = ModelRunner(model, cache_slots(len(ids), new_tokens, policy, draft=True)) if speculative else None
             clocks = [ForwardClock([r]) for r in (target, draft) if r is not None]
-            cfg = GenerateConfig(mode=mode, policy=policy, max_new_tokens=new_tokens)
+            cfg = GenerateConfig(mode=mode, policy=policy, max_new_tokens=new_tokens, loop=loop)
             res = generate(target, draft, ids, cfg)
             if device == "cuda":
                 torch.cuda.synchronize()
             skip = math.ceil((len(ids) - 1) / PREFILL_CHUNK)  # prefill forwards come first
             fwd = sum(clock.take(skip) for clock in clocks)
+            if loop == "device":  # its forwards run inside its own graphs (CPU: its phases)
+                fwd = res.device_ms if res.device_ms is not None else sum(r.draft_ms + r.verify_ms
+                                                                           for r in res.records)
             per_decode.append((res.decode_s * 1e3 - fwd) / res.iterations)
         rows.append({"op": "host", "model": mode.value, "tp": 1, "tokens": 0, "kv_len": 0, **summarize(per_decode)})
     with contextlib.suppress(OSError):
@@ -510,7 +524,9 @@ class ComputeOptions:
     runtime's defaults. weight_format: "native" or "fp8" (recorded in meta.json and the profile's
     label; a folder keeps one format). attention_ws: "auto", "on" or "off", the Gluon tree attention
     for many-row forwards. time_budget_s: stop starting new points after this many seconds and
-    write what was measured (meta.json `incomplete` says so).
+    write what was measured (meta.json `incomplete` says so). loop: the decoding loop whose host
+    work the host rows measure (meta.json `loop`; `run` and `validate` then run that loop by
+    default; a folder keeps one loop).
     """
 
     dtype: str | None = None
@@ -521,6 +537,7 @@ class ComputeOptions:
     weight_format: str = "native"
     attention_ws: str = "auto"
     time_budget_s: float | None = None
+    loop: str = "host"
 
     def kernel_choices(self, device: str) -> dict:
         """The `KernelConfig.resolve` choices these options make (UserError for a bad one)."""
@@ -610,6 +627,11 @@ def _profile_compute(
             (out / "compute.csv").exists() or (out / PARTIAL).exists()):  # fmt: skip
         raise UserError(f"{out} holds a {old_meta.get('weight_format', 'native')}-weight profile: write the "
                         f"{weight_format} one to another folder (-o)")
+    if opts.loop not in LOOPS:
+        raise UserError(f"--loop must be one of {', '.join(LOOPS)}, got {opts.loop!r}")
+    if old_meta.get("loop", "host") != opts.loop and (out / "compute.csv").exists():
+        raise UserError(f"{out} holds host rows of the {old_meta.get('loop', 'host')} loop: write the {opts.loop} "
+                        "loop's profile to another folder (-o)")
     out.mkdir(parents=True, exist_ok=True)
     partial_path = out / PARTIAL
     partial = _read_partial(partial_path)
@@ -649,7 +671,8 @@ def _profile_compute(
     try:
         # host work first: seconds of work, and the per-iteration cost every plan needs
         if host and not all(k in done for k in host_keys) and (deadline is None or time.time() < deadline):
-            for row in measure_host(device, prompts=opts.host_decodes[0], new_tokens=opts.host_decodes[1]):
+            for row in measure_host(device, prompts=opts.host_decodes[0], new_tokens=opts.host_decodes[1],
+                                    loop=opts.loop):
                 if (row["op"], row["model"], 1, 0, 0) not in done:
                     emit(row)
                     if bar is not None:
@@ -724,6 +747,7 @@ def _profile_compute(
     meta.update(
         source="measured",
         dtype=dtype,
+        loop=opts.loop,
         **kernels,
         weights="random (real shapes)",
         grid=asdict(grid),
