@@ -9,6 +9,7 @@ seconds faster.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import re
@@ -43,9 +44,11 @@ from swiftspec.options import (
 )
 from swiftspec.profiler.check import check_profile
 from swiftspec.progress import progress_for
+from swiftspec.sim.derive import derive_profile, source_hardware_of
 from swiftspec.sim.engine import Workload, to_chrome_trace
+from swiftspec.sim.hardware import HardwareSpec
 from swiftspec.sim.search import SearchSpace, breakdown_table, load_inputs, predict_plan, search
-from swiftspec.spec import LOOPS, Mode, Plan, SamplingParams, UserError, to_jsonable
+from swiftspec.spec import LOOPS, Mode, Plan, Profile, SamplingParams, UserError, to_jsonable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -420,6 +423,7 @@ def profile_group() -> None:
       swiftspec profile comm -o DIR                           collectives (needs >= 2 GPUs; gloo on CPU)
       swiftspec profile acceptance --target T --draft D       rank traces + accepted lengths
       swiftspec profile check DIR                             hold-out error of the latency model
+      swiftspec profile derive --from P --hardware builtin:h100-sxm -o DIR   a profile for another GPU
     """
 
 
@@ -559,6 +563,27 @@ def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, 
     for key, v in prof.accepted.items():
         click.echo(f"accepted {key}: {v:.2f} tokens/verify (lossless: {m['lossless'][key]})")
     click.echo(f"wrote {out}")
+
+
+@profile_group.command("derive")
+@click.option("--from", "source", required=True, help="The measured profile: a folder or builtin:NAME.")
+@click.option("--hardware", required=True,
+              help="The GPU to derive for: a spec JSON or builtin:NAME (h100-sxm, h200, b200, h20; `swiftspec list`).")
+@click.option("--source-hardware", default=None,
+              help="The spec of the GPU the profile was measured on [default: the bundled spec of its meta `gpu`].")
+@click.option("-o", "--output", required=True, help="Folder for the derived profile.")
+def profile_derive_cmd(source, hardware, source_hardware, output) -> None:
+    """Scale a measured profile to another GPU: every row split into its bytes-, math- and
+    launch-bound parts, each scaled by the two GPUs' numbers (swiftspec/sim/derive.py)."""
+    check_output_dir(output, "-o", ("compute.csv", "comm.csv", "meta.json"))
+    src = Profile.load(resolve_builtin("profile", source))
+    dst_hw = HardwareSpec.load(hardware)
+    src_hw = HardwareSpec.load(source_hardware or source_hardware_of(src))
+    prof = derive_profile(src, src_hw, dst_hw, source)
+    prof.meta.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     command=" ".join(["swiftspec", *sys.argv[1:]]))
+    prof.save(output)
+    click.echo(f"wrote {output}: {prof.label}")
 
 
 @profile_group.command("check")

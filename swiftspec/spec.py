@@ -786,6 +786,9 @@ class Profile:
                     u.startswith("comm") for u in unmeasured):  # fmt: skip
                 unmeasured.insert(0, f"comm (published NVLink numbers: {comm.get('gpu_count', '?')} GPU)")
             return f"{label}; not measured: {', '.join(unmeasured)}" if unmeasured else label
+        origin, hw = self.meta.get("derived_from"), self.meta.get("hardware")
+        if src == "derived" and isinstance(origin, dict) and isinstance(hw, dict):  # `profile derive`
+            return f"derived from {origin.get('label', '?')} for {hw.get('name', '?')} ({hw.get('source', '?')})"
         return str(src)
 
     def validate(self, where: str = "profile") -> None:

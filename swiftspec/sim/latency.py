@@ -109,7 +109,8 @@ class LatencyModel:
         # A measured CUDA profile timed the runtime's CUDA graphs, one per bucket of tokens; the
         # runtime replays the smallest bucket >= T (padding rows), so a forward of T tokens costs
         # the bucket's time, not an interpolation between buckets.
-        self.graph_buckets = profile.meta.get("device", "cuda") == "cuda" and profile.meta.get("source") == "measured"
+        self.graph_buckets = profile.meta.get("device", "cuda") == "cuda" and (
+            profile.meta.get("source") == "measured" or bool(profile.meta.get("graph_buckets")))  # derived from one
 
     # -- lookups -------------------------------------------------------------------------------
 
