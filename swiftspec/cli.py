@@ -568,7 +568,7 @@ def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, 
 @profile_group.command("derive")
 @click.option("--from", "source", required=True, help="The measured profile: a folder or builtin:NAME.")
 @click.option("--hardware", required=True,
-              help="The GPU to derive for: a spec JSON or builtin:NAME (h100-sxm, h200, b200, h20; `swiftspec list`).")
+              help="The GPU to derive for: a spec JSON (the fields of swiftspec/data/hardware/h200.json) or builtin:NAME: h100-sxm, h200, b200, h20.")
 @click.option("--source-hardware", default=None,
               help="The spec of the GPU the profile was measured on [default: the bundled spec of its meta `gpu`].")
 @click.option("-o", "--output", required=True, help="Folder for the derived profile.")
