@@ -102,6 +102,16 @@ def build_checkpoint(
     return folder
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread is faster (and 2 threads crawl on a shared CPU). A module
+    asks for it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def make_checkpoint(tmp_path_factory):
     """Factory fixture: `make_checkpoint(arch="llama"|"qwen2", **overrides) -> Path` (cached)."""

@@ -37,13 +37,7 @@ LONG = 450  # tokens of a lossless-over-random-policies case: >= 200 iterations 
 STATIC = (-1, 0, 0, 1, 1, 3, 2, 0, 4)  # fan-out 3 at the root, depth 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is faster (and 2 threads crawl on a shared CPU)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,7 @@ from swiftspec.spec import TreePolicy
 MAX_LEN = 96
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is faster (and 2 threads crawl on a shared CPU)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def rebuilt(model, verified_in_cache: list[int], tree: DraftTree) -> ModelRunner:
