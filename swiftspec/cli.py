@@ -703,8 +703,8 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
 @click.option("--configs", type=count(1), default=None, help="Run only the first N configurations [default: all, >= 20 on cuda].")
 @click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
 @click.option("--profile", "profile_dir", default=None,
-              help="Profile folder or builtin:NAME [default on cuda: bundled h200-measured, else the derived one; "
-                   "cpu: required].")
+              help="Profile folder or builtin:NAME [default on cuda: the bundled profile of the visible GPU, "
+                   "h200-measured on an H200, h100-derived on an H100, else h200-measured (said so); cpu: required].")
 @click.option("--acceptance", default=None,
               help="Acceptance profile JSON or builtin:NAME to replay [default: smollm2-135m__int3g32].")
 @click.option("--pairs", default=None, help="TARGET:DRAFT,... [default on cuda: Llama-3-8B:Llama-3.2-1B,"

@@ -384,6 +384,20 @@ def _default_profile(device: str) -> str | None:
     return str(p) if (p / "compute.csv").exists() else None
 
 
+# the bundled profile of each GPU (its name as torch reports it contains the key), best first
+GPU_PROFILES = (("H200", "h200-measured"), ("H100", "h100-derived"))
+
+
+def gpu_profile(gpu: str) -> tuple[str, str]:
+    """(builtin:NAME, why) of the bundled profile for the GPU named `gpu` (`GPU_PROFILES`); a GPU
+    without one gets the H200's, and the reason says its predictions are for another GPU."""
+    for key, name in GPU_PROFILES:
+        if key in gpu:
+            return f"builtin:{name}", f"builtin:{name}, the bundled profile of this {gpu}"
+    return ("builtin:h200-measured", f"builtin:h200-measured: no bundled profile for {gpu}, so the predictions are "
+            "an H200's (`swiftspec profile compute` measures this GPU, `profile derive` scales one to it)")
+
+
 def _default_acceptance() -> str | None:
     p = Path(str(resources.files("swiftspec") / "data" / "acceptance" / "smollm2-135m__int3g32.json"))
     return str(p) if p.exists() else None
@@ -447,7 +461,9 @@ def validate(
     if weights == "checkpoint":  # a truncated file or weights unlike the config: one line, before any model
         check_checkpoints(*dict.fromkeys(name for pair in pairs for name in pair))
 
-    profile = profile or _default_profile(device)
+    if profile is None and device == "cuda":
+        profile, why = gpu_profile(torch.cuda.get_device_name())
+        say(f"profile: {why} (--profile to choose another)")
     if profile is None:
         if device == "cpu":
             raise UserError("--device cpu needs a CPU profile: give --profile DIR (from `swiftspec profile compute --device cpu`)")
