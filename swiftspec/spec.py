@@ -692,8 +692,10 @@ def _check_table(df: pd.DataFrame, file: str, cols: tuple[str, ...], key: tuple[
             bad(c, num != num.round(), "is not an integer")
             bad(c, num < _INT_COLUMNS[c], f"must be >= {_INT_COLUMNS[c]}")
             bad(c, num > 2**53, "is too large")
+            df[c] = num.astype("int64")
         else:
             bad(c, num < 0, "is negative")
+            df[c] = num  # numbers pandas kept as text (a 30-digit cell) are floats from here on
     dup = df.duplicated(list(key), keep=False)
     if dup.any():
         rows = dup.to_numpy().nonzero()[0]

@@ -185,6 +185,18 @@ def test_profile_load_fuzz(data, name):
         assert not prof.comm.duplicated(["collective", "group_size", "bytes"]).any()
 
 
+def test_profile_numbers_pandas_keeps_as_text_load_as_numbers(tmp_path):
+    """A cell too long for an int64 (pandas then reads the whole column as text) loads as a
+    float, so the simulator never compares strings (found by the fuzz test above)."""
+    rows = PROFILE["compute.csv"].splitlines()
+    head, first = rows[0].split(","), rows[1].split(",")
+    first[head.index("ms")] = "9" * 30
+    _write_profile(tmp_path, "compute.csv", "\n".join([rows[0], ",".join(first), *rows[2:]]).encode())
+    prof = Profile.load(tmp_path)
+    assert prof.compute["ms"].dtype == float and prof.compute["ms"].iloc[0] == pytest.approx(1e30)
+    assert (prof.compute["ms"] >= 0).all()
+
+
 @pytest.mark.parametrize("cell,match", [("abc", "row 1 column ms: 'abc' is not a number"),
                                         ("nan", "row 1 column ms"), ("inf", "not finite"), ("-1", "negative")])
 def test_profile_bad_ms_cell_is_named(tmp_path, cell, match):
