@@ -30,10 +30,9 @@ from swiftspec.runtime.device_loop import (
     outside_or_child,
     target_choice,
 )
+from swiftspec.runtime.groups import KIND_TREE
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC
 from swiftspec.spec import SamplingParams, TreePolicy
-
-KIND_TREE = 1  # engine.KIND_TREE (the engine imports this module)
 
 
 class _Graphs:

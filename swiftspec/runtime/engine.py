@@ -46,7 +46,7 @@ import torch.distributed as dist
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
 from swiftspec.runtime.device_async import AsyncDraftLoop, AsyncTargetLoop
 from swiftspec.runtime.generate import GREEDY, GenerateConfig, gc_paused, generate, make_verifier
-from swiftspec.runtime.groups import Groups, Layout, Link, broadcast
+from swiftspec.runtime.groups import KIND_DONE, KIND_MORE, KIND_TREE, Groups, Layout, Link, broadcast
 from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.runlog import SpanTimer
 from swiftspec.runtime.synthetic import NOT_SYNTHETIC, SyntheticVerifier, resolve_bonus
@@ -57,7 +57,6 @@ from swiftspec.runtime.weights import load_model
 from swiftspec.spec import Mode, ModelSpec, SamplingParams, Split, TreePolicy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-KIND_TREE, KIND_MORE, KIND_DONE = 1, 2, 3
 FAULT_ENV = "SWIFTSPEC_FAULT"  # "RANK:ITERATION:exit|hang|kill" -- test hook: that rank fails there
 
 

@@ -18,8 +18,8 @@ Groups (created in the same order on every rank, as torch.distributed requires):
     colo_tp / colo_ctrl   the same two roles for the co-located baselines
     idle           gloo, all ranks, long timeout: ranks outside a task wait here for it to end
 
-Messages are small int64 CPU tensors (a few hundred bytes); the tree bookkeeping lives on the host,
-so the link never touches device memory. `benchmarks/bench_link.py` compares transports for them.
+Messages are small int64 CPU tensors (a few hundred bytes): with either decoding loop one copy
+each way crosses the host, so the link never touches device memory. `benchmarks/bench_link.py` compares transports for them.
 
 NCCL refuses two ranks on one GPU. When ranks share a device (e.g. draft and target processes on
 one H200) their groups fall back to gloo; such runs are for correctness and host-side timing only.
@@ -161,6 +161,10 @@ def broadcast(msg: torch.Tensor, src: int, group: dist.ProcessGroup | None, size
     if size > 1:
         dist.broadcast(msg, src=src, group=group)
     return msg
+
+
+# the first word of every link message: a subtree, a verdict with more to come, the last verdict
+KIND_TREE, KIND_MORE, KIND_DONE = 1, 2, 3
 
 
 class Link:
