@@ -19,7 +19,8 @@ folded into the GEMM weights before any mode runs, so every mode runs the same m
 silu*up in the gate/up skinny linear's epilogue; "+rope" RoPE + the KV write in the qkv one's;
 "+fp8" a second copy of the model with weight-only fp8 GEMM weights (with "gemv" the fp8 skinny
 linear runs every forward) against its own floor (`bytes_read` of the fp8 spec), its logits
-differing from "off" by the quantization. Without a suffix a choice is off, although the runtime's
+differing from "off" by the quantization; "+int4" the same with W4A16 GEMM weights (round-to-nearest,
+groups of 128, `kernels.int4`; floor at half a byte per weight plus scales and zeros). Without a suffix a choice is off, although the runtime's
 defaults on CUDA turn most of them on (`KernelConfig.resolve`).
 Timed through `GraphRunner.run` with host inputs (one pinned host-to-device copy of the inputs, the
 graph replay, the logits copy: what `ModelRunner` pays per step) and as the bare replay, over the
@@ -169,7 +170,7 @@ def paired_rows(args, setup: Callable, cache: KVCache, spec, kv: int, bw: float)
         first = args.fusions[0]
         for fusion, ms in times.items():
             ratios = [a / b for a, b in zip(ms, times[first])]
-            fmt = "fp8" if "+fp8" in fusion else "native"
+            fmt = _weight_format(fusion)
             nbytes = bytes_read(dataclasses.replace(spec, weight_format=fmt), t, kv, args.tp)
             ref = outs[first]
             rows.append(dict(kind="paired", model=spec.name, tp=args.tp, layers=spec.num_layers, kv_len=kv, fusion=fusion,
@@ -239,8 +240,14 @@ def mode_kernels(args, fusion: str) -> KernelConfig:
         attention_ws_rows=ws_rows if args.attention == "triton" else 0, fusion=fu,
         linear="triton" if "gemv" in extras or gemv_rows else "torch", linear_max_rows=gemv_rows,
         fold_norm="foldnorm" in extras, swiglu="swiglu" in extras, rope="rope" in extras,
-        pdl=next((pdl[e] for e in extras if e in pdl), "off"), weight_format="fp8" if "fp8" in extras else "native",
+        pdl=next((pdl[e] for e in extras if e in pdl), "off"), weight_format=_weight_format(fusion),
     )
+
+
+def _weight_format(fusion: str) -> str:
+    """The GEMM weights' format of mode `fusion`: its "+fp8" / "+int4" suffix, else native."""
+    extras = fusion.split("+")[1:]
+    return next((f for f in ("fp8", "int4") if f in extras), "native")
 
 
 def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: float) -> list[dict]:
@@ -254,17 +261,18 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
     native = load("native")
     if any("foldnorm" in f.split("+") for f in args.fusions):
         native.fold_norms()  # before any mode is captured, so every mode runs the same (folded) weights
-    fp8_model = None  # loaded on first use of a "+fp8" mode: weight-only fp8, the same random weights quantized
+    # loaded on first use of a "+fp8" / "+int4" mode: the same random weights quantized
+    quantized: dict[str, object] = {}
     spec, rows, logits = native.spec, [], {}
 
     def setup(fusion: str):
         """The model that runs `fusion` ("triton+gemv+pdllate", ...): the loaded weights, its kernels."""
-        nonlocal fp8_model
         kernels = mode_kernels(args, fusion)
-        if kernels.weight_format == "fp8" and fp8_model is None:
-            fp8_model = load("fp8")
+        fmt = kernels.weight_format
+        if fmt != "native" and fmt not in quantized:
+            quantized[fmt] = load(fmt)
         # the copy keeps the loaded model's weights and its skipped communication (`without_comm`)
-        return (fp8_model if kernels.weight_format == "fp8" else native).with_kernels(kernels)
+        return (quantized[fmt] if fmt != "native" else native).with_kernels(kernels)
 
     for kv in args.kv:
         cache = KVCache(spec, native.shard, kv + max(args.tokens), device, dtype)
@@ -284,7 +292,7 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
                                  for i, f in enumerate(args.fusions if r % 2 == 0 else args.fusions[::-1])):
             base = dict(kind="step", model=spec.name, tp=args.tp, layers=spec.num_layers, kv_len=kv, fusion=fusion,
                         attention=args.attention, round=rnd, position=pos,
-                        weight_format="fp8" if "+fp8" in fusion else "native")  # fmt: skip
+                        weight_format=_weight_format(fusion))  # fmt: skip
             try:
                 model = setup(fusion)
                 runner = GraphRunner(model, cache, buckets=tuple(args.tokens), max_tree=max(args.tokens))
@@ -303,7 +311,7 @@ def bench_steps(args, name: str, device: torch.device, dtype: torch.dtype, bw: f
             _free(device)
         cache = None
         _free(device)
-    fp8_model = None
+    quantized.clear()
     _free(device)
     rows += gemm_rows(args, native, device, bw)
     if not args.no_kernels:
@@ -425,7 +433,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch (+pdllate: late mode, +pdlnp: early without the peeled tile), +kernelcombine (tree attention's"
                          " in-kernel combine), +wsN (Gluon warp-specialized attention from N rows), +gemvN (skinny linear up to N"
-                         " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear), +swiglu (silu*up in the gate/up skinny linear), +rope (RoPE + KV write in the qkv one) and/or +fp8 (weight-only fp8 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
+                         " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear), +swiglu (silu*up in the gate/up skinny linear), +rope (RoPE + KV write in the qkv one) and/or +fp8 / +int4 (weight-only fp8 / W4A16 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
     ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,
                     help=f"GEMMs-alone table: the skinny linear too for up to this many tokens (default {MAX_ROWS},"
                          f" at most {MAX_ROWS_DOT})")

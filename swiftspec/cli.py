@@ -45,10 +45,11 @@ from swiftspec.options import (
 from swiftspec.profiler.check import check_profile
 from swiftspec.progress import progress_for
 from swiftspec.sim.derive import derive_profile, source_hardware_of
+from swiftspec.sim.derive_format import derive_weight_format
 from swiftspec.sim.engine import Workload, to_chrome_trace
 from swiftspec.sim.hardware import HardwareSpec
 from swiftspec.sim.search import SearchSpace, breakdown_table, load_inputs, predict_plan, search
-from swiftspec.spec import LOOPS, Mode, Plan, Profile, SamplingParams, UserError, to_jsonable
+from swiftspec.spec import LOOPS, WEIGHT_FORMATS, Mode, Plan, Profile, SamplingParams, UserError, to_jsonable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -357,7 +358,8 @@ DEFAULT_PROMPT_IDS = (1, 2, 3, 4, 5, 6, 7, 8)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of random weights.")
 @click.option("--weight-format", default="native", show_default=True,
               help="native | fp8 (weight-only float8 e4m3 GEMM weights, per-row scales: a quantized model, "
-                   "faster at few tokens per forward, slower at many; docs/decisions.md).")
+                   "faster at few tokens per forward, slower at many; docs/decisions.md) | int4 (W4A16, the AWQ "
+                   "format's numbers, rounded to nearest while loading; an AWQ checkpoint is int4 by itself).")
 @click.option("--tree-growth", default="auto", show_default=True,
               help="The draft's top-k: auto (the device's default) | torch | triton | graph (replayed from CUDA "
                    "graphs; torch off CUDA).")
@@ -443,8 +445,8 @@ def profile_group() -> None:
 @click.option("--attention", default="auto", show_default=True,
               help="auto (the runtime's default: triton on CUDA, torch on CPU) | torch (SDPA) | triton.")
 @click.option("--weight-format", default="native", show_default=True,
-              help="native (GEMM weights in --dtype) | fp8 (weight-only float8 e4m3, per-row scales; "
-                   "a separate profile folder, as the bundled h200-fp8).")
+              help="native (GEMM weights in --dtype) | fp8 (weight-only float8 e4m3, per-row scales) | int4 "
+                   "(W4A16, groups of 128): each a separate profile folder, as the bundled h200-fp8.")
 @click.option("--attention-ws", default="auto", show_default=True,
               help="auto (the runtime's default: on for native weights on sm_90) | on (forwards of >= 128 rows per KV "
                    "head and >= 32 tokens through the Gluon warp-specialized tree attention: Hopper, bf16/fp16) | "
@@ -528,10 +530,12 @@ def profile_comm_cmd(output, sizes, world, device, graphs, timeout_s) -> None:
 @click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
 @click.option("--dtype", type=click.Choice(DTYPES), default=None, help=DTYPE_RULE)
 @click.option("--weight-format", default="native", show_default=True,
-              help="native | fp8: both models' GEMM weights (weight-only float8 e4m3).")
+              help="native | fp8 | int4: both models' GEMM weights (weight-only float8 e4m3; W4A16 "
+                   "rounded to nearest).")
 @click.option("--draft-weight-format", default=None,
-              help="native | fp8 for the draft alone [default: --weight-format]. --draft = --target with "
-                   "--draft-weight-format fp8 measures how often the fp8 model's greedy token is the target's.")
+              help="native | fp8 | int4 for the draft alone [default: --weight-format]. --draft = --target "
+                   "with --draft-weight-format int4 measures how often the int4 model's greedy token is the "
+                   "target's.")
 @sampling_options
 def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, top_k, policies, accepted_prompts,
                            output, device, dtype, weight_format, draft_weight_format, sampling) -> None:  # fmt: skip
@@ -567,19 +571,29 @@ def profile_acceptance_cmd(target, draft, prompts, num_prompts, max_new_tokens, 
 
 @profile_group.command("derive")
 @click.option("--from", "source", required=True, help="The measured profile: a folder or builtin:NAME.")
-@click.option("--hardware", required=True,
-              help="The GPU to derive for: a spec JSON (the fields of swiftspec/data/hardware/h200.json) or builtin:NAME: h100-sxm, h200, b200, h20.")
+@click.option("--hardware", default=None,
+              help="The GPU to derive for: a spec JSON (the fields of swiftspec/data/hardware/h200.json) or builtin:NAME: h100-sxm, h200, b200, h20 [default: the source's GPU].")
 @click.option("--source-hardware", default=None,
               help="The spec of the GPU the profile was measured on [default: the bundled spec of its meta `gpu`].")
+@click.option("--weight-format", default="native", show_default=True,
+              help="native | fp8 | int4: the weights the derived rows run; other than the source's native, "
+                   "each forward's weight bytes are recomputed for that format (swiftspec/sim/derive_format.py).")
 @click.option("-o", "--output", required=True, help="Folder for the derived profile.")
-def profile_derive_cmd(source, hardware, source_hardware, output) -> None:
-    """Scale a measured profile to another GPU: every row split into its bytes-, math- and
-    launch-bound parts, each scaled by the two GPUs' numbers (swiftspec/sim/derive.py)."""
+def profile_derive_cmd(source, hardware, source_hardware, weight_format, output) -> None:
+    """Scale a measured profile to another GPU or weight format: every row split into its bytes-,
+    math- and launch-bound parts, each scaled by the two GPUs' numbers (swiftspec/sim/derive.py)
+    or the bytes recomputed for the weights (swiftspec/sim/derive_format.py)."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise UserError(f"--weight-format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
+    if hardware is None and weight_format == "native":
+        raise UserError("give --hardware (another GPU) or --weight-format (other weights): nothing to derive")
     check_output_dir(output, "-o", ("compute.csv", "comm.csv", "meta.json"))
     src = Profile.load(resolve_builtin("profile", source))
-    dst_hw = HardwareSpec.load(hardware)
     src_hw = HardwareSpec.load(source_hardware or source_hardware_of(src))
-    prof = derive_profile(src, src_hw, dst_hw, source)
+    dst_hw = HardwareSpec.load(hardware) if hardware else src_hw
+    prof = derive_profile(src, src_hw, dst_hw, source) if hardware else src
+    if weight_format != "native":
+        prof = derive_weight_format(prof, weight_format, dst_hw, source)
     prof.meta.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                      command=" ".join(["swiftspec", *sys.argv[1:]]))
     prof.save(output)

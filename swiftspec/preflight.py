@@ -30,9 +30,10 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def model_spec(path: str, dtype: str, weight_format: str = "native") -> ModelSpec:
-    """The architecture of `path` at the bytes per weight it will run with."""
+    """The architecture of `path` at the bytes per weight it will run with (an AWQ checkpoint runs
+    as int4 whatever `weight_format` says, as `load_model` loads it)."""
     spec = ModelSpec.from_config(path, dtype_bytes=DTYPE_BYTES.get(dtype, 2))
-    return dataclasses.replace(spec, weight_format=weight_format)
+    return spec if spec.weight_format == "int4" else dataclasses.replace(spec, weight_format=weight_format)
 
 
 def available_bytes(device: str, index: int = 0) -> int:

@@ -132,6 +132,8 @@ def require(d: dict, key: str, where: str) -> Any:
 
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+# GEMM weights: the model dtype, weight-only float8 e4m3, or W4A16 in the AWQ format's numbers
+WEIGHT_FORMATS = ("native", "fp8", "int4")
 _REQUIRED_CONFIG_KEYS = (
     "model_type",
     "hidden_size",
@@ -169,6 +171,24 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
         f"unknown model {str(name_or_path)!r}: give a checkpoint folder or one of the bundled "
         f"names: {', '.join(bundled_models())}"
     )
+
+
+def awq_group_size(raw: dict, where: str) -> int | None:
+    """The group size of a config.json's AWQ `quantization_config` (4 bits, zero points, the GEMM
+    layout), None without one; any other quantization -> UserError naming what is supported."""
+    q = raw.get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise UserError(f"{where}: quantization_config must be a JSON object")
+    method, version = str(q.get("quant_method", "")).lower(), str(q.get("version", "gemm")).lower()
+    bits, zero, group = q.get("bits", q.get("w_bit")), q.get("zero_point", True), q.get("group_size", q.get("q_group_size"))
+    if method != "awq" or bits != 4 or zero is not True or version != "gemm":
+        raise UserError(f"{where}: quantization_config {_show(json.dumps(q, sort_keys=True))} is not supported "
+                        "(supported: quant_method awq, bits 4, zero_point true, version gemm)")
+    if not isinstance(group, int) or isinstance(group, bool) or group < 8 or group & (group - 1):
+        raise UserError(f"{where}: quantization_config group_size must be a power of two >= 8, got {_show(group)}")
+    return group
 
 
 def check_config_dimensions(raw: dict, where: str) -> None:
@@ -238,7 +258,9 @@ class ModelSpec:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
     max_position: int = 8192
-    weight_format: str = "native"  # "fp8": GEMM weights (qkv, o, gate/up, down, LM head) at 1 byte + row scales
+    weight_format: str = "native"  # "fp8": GEMM weights (qkv, o, gate/up, down, LM head) at 1 byte + row scales;
+    # "int4": qkv, o, gate/up, down packed at half a byte + a float16 scale and zero per group_size inputs
+    group_size: int = 128
 
     @classmethod
     def from_config(cls, name_or_path: str | Path, dtype_bytes: int | None = None) -> ModelSpec:
@@ -279,6 +301,7 @@ class ModelSpec:
                 rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
         if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type", "default") == "default":
             rope_scaling = None
+        awq_group = awq_group_size(raw, str(cfg_file))
         return cls(
             name=folder.name,
             architecture=raw["model_type"],
@@ -296,6 +319,8 @@ class ModelSpec:
             rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
             rope_scaling=dict(rope_scaling) if rope_scaling else None,
             max_position=int(getattr(cfg, "max_position_embeddings", 8192)),
+            weight_format="native" if awq_group is None else "int4",
+            group_size=awq_group or 128,
         )
 
     def shard(self, tp: int) -> Shard:
@@ -328,18 +353,21 @@ class ModelSpec:
 
     def layer_weight_bytes(self, tp: int = 1) -> int:
         """Bytes of one decoder layer's weights on one rank (qkv, o, gate/up, down, 2 norms); fp8:
-        the four GEMM weights at one byte each plus a float32 scale per output row."""
+        the four GEMM weights at one byte each plus a float32 scale per output row; int4: half a
+        byte each plus a float16 scale and zero point per group of `group_size` inputs."""
         s = self.shard(tp)
         qkv_rows = (s.q_heads + 2 * s.kv_heads) * self.head_dim
         gemm = self.hidden * qkv_rows + s.q_heads * self.head_dim * self.hidden + 3 * self.hidden * s.ffn
         small = (qkv_rows if self.qkv_bias else 0) + 2 * self.hidden  # bias and norms: the model dtype
         if self.fp8:
             return gemm + 4 * (qkv_rows + self.hidden + 2 * s.ffn + self.hidden) + small * self.dtype_bytes
+        if self.weight_format == "int4":
+            return gemm // 2 + 4 * gemm // self.group_size + small * self.dtype_bytes
         return (gemm + small) * self.dtype_bytes
 
     def weight_bytes(self, tp: int = 1) -> int:
         """Bytes of all weights held by one rank (embedding replicated, LM head vocab-sharded; fp8:
-        the LM head is its own fp8 copy even when tied)."""
+        the LM head is its own fp8 copy even when tied; int4: the LM head in the model dtype)."""
         s = self.shard(tp)
         embed = self.vocab * self.hidden * self.dtype_bytes
         if self.fp8:
@@ -790,7 +818,9 @@ class Profile:
             return f"{label}; not measured: {', '.join(unmeasured)}" if unmeasured else label
         origin, hw = self.meta.get("derived_from"), self.meta.get("hardware")
         if src == "derived" and isinstance(origin, dict) and isinstance(hw, dict):  # `profile derive`
-            return f"derived from {origin.get('label', '?')} for {hw.get('name', '?')} ({hw.get('source', '?')})"
+            label = f"derived from {origin.get('label', '?')} for {hw.get('name', '?')} ({hw.get('source', '?')})"
+            fmt = self.meta.get("weight_format", "native")
+            return label if fmt == "native" or f"{fmt} weights" in label else f"{label}, {fmt} weights"
         return str(src)
 
     def validate(self, where: str = "profile") -> None:

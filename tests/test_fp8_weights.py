@@ -38,19 +38,19 @@ def test_fp8_model_is_quantized_and_close(make_checkpoint, tie):
     path = make_checkpoint("llama", tie_word_embeddings=tie)
     native, fp8 = load_model(path), load_model(path, kernels=FP8)
     assert fp8.weight_format == "fp8" and fp8.layers[0].w13.dtype == torch.float8_e4m3fn
-    assert fp8.layers[0].w13_scale.shape == (fp8.layers[0].w13.shape[0],)
+    assert fp8.layers[0].w13_quant.shape == (fp8.layers[0].w13.shape[0],)
     assert fp8.lm_head.dtype == torch.float8_e4m3fn and fp8.embed.dtype == torch.float32  # own LM head copy
     # quantized while filling: the same as quantizing the native model's weights afterwards
     w8, scale = quantize_fp8(native.layers[1].w13)
     assert torch.equal(fp8.layers[1].w13.view(torch.uint8), w8.view(torch.uint8))
-    assert torch.equal(fp8.layers[1].w13_scale, scale)
+    assert torch.equal(fp8.layers[1].w13_quant, scale)
     w8, scale = quantize_fp8(native.lm_head)
-    assert torch.equal(fp8.lm_head.view(torch.uint8), w8.view(torch.uint8)) and torch.equal(fp8.lm_head_scale, scale)
+    assert torch.equal(fp8.lm_head.view(torch.uint8), w8.view(torch.uint8)) and torch.equal(fp8.lm_head_quant, scale)
     ids = [3, 14, 15, 92, 65, 35]
     ref, got = logits_of(native, ids), logits_of(fp8, ids)
     assert 0 < rel(got, ref) < 0.15  # quantized: different, but by e4m3 rounding only
     with pytest.raises(UserError, match="weight_format must be one of"):
-        load_model(path, kernels=KernelConfig.resolve("cpu", weight_format="int4"))
+        load_model(path, kernels=KernelConfig.resolve("cpu", weight_format="int3"))
 
 
 def test_cpu_dequantized_copies_are_exact_and_follow_weight_changes(make_checkpoint):
@@ -63,7 +63,7 @@ def test_cpu_dequantized_copies_are_exact_and_follow_weight_changes(make_checkpo
     first = logits_of(model, ids)
     assert model._dequantized  # kept
     layer = model.layers[0]
-    per_call = layer.w13.to(torch.float32) * layer.w13_scale[:, None]
+    per_call = layer.w13.to(torch.float32) * layer.w13_quant[:, None]
     assert torch.equal(model._dequantized[(layer.w13.data_ptr(), torch.float32)], per_call)
     assert torch.equal(logits_of(model, ids), first)
     w13 = per_call * 2.0

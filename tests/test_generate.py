@@ -364,8 +364,8 @@ BAD = {
     "chain-w": (lambda mk: ["--target", mk("llama"), "--draft", mk("llama"), "--mode", "chain", "--w", 2,
                             "--prompt-ids", "1"], "--w 1"),  # fmt: skip
     "no-draft": (lambda mk: ["--target", mk("llama"), "--mode", "serial", "--prompt-ids", "1"], "--draft"),
-    "weight-format": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--weight-format", "int4"],
-                      "--weight-format must be one of native, fp8"),  # fmt: skip
+    "weight-format": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--weight-format", "int3"],
+                      "--weight-format must be one of native, fp8, int4"),  # fmt: skip
     "tree-growth": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--tree-growth", "cub"],
                     "--tree-growth must be one of"),  # fmt: skip
     "temperature": (lambda mk: ["--target", mk("llama"), "--prompt-ids", "1", "--temperature", "-0.5"],

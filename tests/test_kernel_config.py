@@ -84,7 +84,7 @@ def test_resolve_gives_the_kernels_of_before(row):
     ({"linear": "cublas"}, "linear must be one of torch, triton"),
     ({"pdl": "on"}, "pdl must be one of off, early, late"),
     ({"tree_growth": "cub"}, "tree_growth must be one of torch, triton, graph"),
-    ({"weight_format": "int4"}, "weight_format must be one of native, fp8"),
+    ({"weight_format": "int3"}, "weight_format must be one of native, fp8, int4"),
     ({"attention_combine": "atomic"}, "attention_combine must be one of separate, kernel"),
     ({"fold_norm": True, "linear": "torch"}, "fold_norm needs linear 'triton'"),
     ({"swiglu": True, "rope": True, "linear": "torch"}, "swiglu, rope need linear 'triton'"),

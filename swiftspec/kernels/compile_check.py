@@ -153,10 +153,10 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool =
 @functools.lru_cache(maxsize=256)
 def _gemv_report(cfg: DotConfig, rms: bool, epilogue: str, dtype: str, capability: int) -> CompileReport:
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
-    pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC")
+    pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC", "SZ", "ZP")
     ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
-            "stride_vc_h", "stride_vc_s", "HQ", "HKV")
-    constexprs = {"HAS_BIAS": False, "HAS_SCALE": False, "IEEE": dtype == "fp32", "UPCAST": False, "F16": False,
+            "stride_vc_h", "stride_vc_s", "HQ", "HKV", "stride_s")
+    constexprs = {"INT4": False, "GROUP": 1, "UNPACK": 0, "HAS_BIAS": False, "HAS_SCALE": False, "IEEE": dtype == "fp32", "UPCAST": False, "F16": False,
                   "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
                   "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "BLOCK_K": cfg.block_k, "PDL": False}

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from swiftspec.kernels.int4 import Int4Weight, check_group, dequantize
 from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
 from swiftspec.kernels.rope_kv import _check as check_rope  # the shapes `rope_kv` takes
 
@@ -39,6 +40,7 @@ MAX_ROWS_FP8 = MAX_ROWS_DOT  # fp8 weights: every forward (cuBLAS has no bf16 x 
 SPLIT_RULES = ((32, 4096, 4), (40, 8192, 2))
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
+MAX_ROWS_INT4 = MAX_ROWS_DOT  # int4 weights: every forward up to a prefill chunk (no int4 GEMM in torch)
 
 
 @triton.jit
@@ -67,6 +69,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 @triton.jit
 def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
+                       SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr, UNPACK: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
                        HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
@@ -86,6 +89,8 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     # ROPE: W is the fused qkv (N = (HQ + 2 HKV) * 2 HALF rows) and Y the rotated q (M, HQ, 2 HALF):
     # tile row 2i is column c of a head, row 2i + 1 column c + HALF (pair j = the program's i-th),
     # so the epilogue rotates its pairs (`_rope_store`) and writes q to Y, k and v to the caches.
+    # INT4: W is packed int4 (N, K / 8) int32 with scales SZ and zero points ZP (N, K / GROUP)
+    # float16 (`kernels.int4.Int4Weight`); each tile is dequantized in registers (`_load_w`).
     rows = tl.arange(0, BLOCK_M)
     ok_m = rows < M
     if SWIGLU or ROPE:
@@ -112,8 +117,8 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
         k_first = k_lo + BLOCK_K
         ks = k_lo + tl.arange(0, BLOCK_K)
         ok = (ks < k_hi)[:, None] & ok_m[None, :]
-        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
-                    mask=ok_n[:, None] & (ks < k_hi)[None, :], other=0.0)
+        w = _load_w(W, SZ, ZP, cols, k_lo, k_hi, ok_n, stride_w, stride_s, X.dtype.element_ty, INT4, GROUP, UNPACK,
+                    BLOCK_N, BLOCK_K)
         grid_sync(PDL)
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)
         acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
@@ -124,8 +129,8 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     for k0 in range(k_first, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         ok_k = ks < k_hi
-        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & ok_k[None, :],
-                    other=0.0)  # (BLOCK_N, BLOCK_K)
+        w = _load_w(W, SZ, ZP, cols, k0, k_hi, ok_n, stride_w, stride_s, X.dtype.element_ty, INT4, GROUP, UNPACK,
+                    BLOCK_N, BLOCK_K)  # (BLOCK_N, BLOCK_K)
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
                      other=0.0)  # (BLOCK_K, BLOCK_M)
         acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
@@ -162,6 +167,41 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     else:
         tl.store(P + tl.program_id(1) * M * N + rows[None, :] * N + cols[:, None], acc,
                  mask=ok_n[:, None] & ok_m[None, :])
+
+
+@triton.jit
+def _load_w(W, SZ, ZP, cols, k0, k_hi, ok_n, stride_w, stride_s, dtype: tl.constexpr, INT4: tl.constexpr,
+            GROUP: tl.constexpr, UNPACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tile (BLOCK_N, BLOCK_K) of rows `cols`, inputs k0 + arange(BLOCK_K) below k_hi, as stored
+    (INT4 False) or dequantized to `dtype`: (q - z) * s in float32 (exact), rounded once. UNPACK
+    0: the tile's BLOCK_K / 8 int32 per row are loaded once and widened by shifts and a reshape;
+    1: every element loads its int32 (8 loads of each, served by L1) and shifts its own nibble."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    ok_k = ks < k_hi
+    if INT4:
+        if UNPACK == 0:
+            kp = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + kp[None, :],
+                        mask=ok_n[:, None] & (kp * 8 < k_hi)[None, :], other=0)  # K and k_hi are multiples of 8
+            q = tl.reshape((p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
+        else:
+            p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + (ks // 8)[None, :],
+                        mask=ok_n[:, None] & ok_k[None, :], other=0)
+            q = (p >> ((ks % 8) * 4)[None, :]) & 0xF
+        if BLOCK_K <= GROUP:  # one group per tile (GROUP is a multiple of BLOCK_K): a scale per row
+            g = k0 // GROUP
+            s = tl.load(SZ + cols * stride_s + g, mask=ok_n, other=0.0).to(tl.float32)[:, None]
+            z = tl.load(ZP + cols * stride_s + g, mask=ok_n, other=0.0).to(tl.float32)[:, None]
+        else:
+            gk = (ks // GROUP)[None, :]
+            ok = ok_n[:, None] & ok_k[None, :]
+            s = tl.load(SZ + cols[:, None] * stride_s + gk, mask=ok, other=0.0).to(tl.float32)
+            z = tl.load(ZP + cols[:, None] * stride_s + gk, mask=ok, other=0.0).to(tl.float32)
+        w = ((q.to(tl.float32) - z) * s).to(dtype)
+    else:
+        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & ok_k[None, :],
+                    other=0.0)
+    return w
 
 
 @triton.jit
@@ -335,7 +375,8 @@ class GemvLaunch:
     `gemv_config`; benchmarks, tests). split_k > 1 (kind "dot") splits K over that many programs per
     column block. x_f16 (fp8 weights, bf16/fp16 x): convert x to float16 once before the launch
     instead of in every program at every K step: the same result bit for bit, meant for many rows,
-    where the x tile outgrows the weight tile (not measured, so off by default)."""
+    where the x tile outgrows the weight tile (not measured, so off by default). unpack (int4
+    weights): how a packed tile is widened (`_load_w`: 0 shifts and a reshape, 1 a load per element)."""
 
     block_n: int | None = None
     block_k: int | None = None
@@ -343,6 +384,7 @@ class GemvLaunch:
     num_stages: int | None = None
     split_k: int | None = None
     x_f16: bool = False
+    unpack: int = 0
 
 
 @dataclass(frozen=True)
@@ -362,8 +404,9 @@ class Epilogue:
     rope: RopeKV | None = None
 
 
-def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool = False, pdl: bool | str = False,
-               residual: bool = False, norm: bool = False, launch: GemvLaunch | None = None) -> DotConfig:
+def dot_config(m: int, n: int, k: int, w_bytes: float, x_bytes: int, *, fp8: bool = False, int4: bool = False,
+               pdl: bool | str = False, residual: bool = False, norm: bool = False,
+               launch: GemvLaunch | None = None) -> DotConfig:
     """The dot kind's launch shape for x (m, k) @ w (n, k).T, w_bytes / x_bytes per element (residual:
     a second x-sized tile per K step, `Epilogue.residual`; norm: `Epilogue.rms_eps` given, which
     splits K by the same rule: the split-sum launch applies the scale); `launch`'s fields override
@@ -372,7 +415,12 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
     block_n, block_k, num_warps, num_stages = lc.block_n, lc.block_k, lc.num_warps, lc.num_stages
     split_k = lc.split_k
     bm = max(16, triton.next_power_of_2(m))
-    if fp8:
+    if int4:
+        # a quarter of bf16's bytes per tile, so more programs keep the bytes in flight: 64 weight
+        # rows, 128-wide K steps (one group of the usual 128), K split in 4 where N <= 8192 as fp8
+        bn, bk = block_n or 64, block_k or 128
+        num_warps, split_k = num_warps or 4, split_k or (1 if n > 8192 or bm > 16 else 4)
+    elif fp8:
         # the H200's best at 1-256 rows (docs/decisions.md): at 1-16 rows and N <= 8192 (qkv, o,
         # down) 64 weight rows per program, 4 warps, 4 stages, else 128, 8 warps, 3 stages; K in
         # 128-wide steps, split in 4 where N <= 8192 (too few column blocks to fill the GPU)
@@ -392,7 +440,7 @@ def dot_config(m: int, n: int, k: int, w_bytes: int, x_bytes: int, *, fp8: bool 
     stage_bytes = (bn * w_bytes + bm * x_bytes * (2 if residual else 1)) * bk  # weight tile + x (+ residual) tile
     # with early pdl the first tile, loaded before the pipelined loop, takes one more stage's room
     room = SHARED_BYTES - (stage_bytes if pdl_mode(pdl) == 1 else 0)
-    num_stages = num_stages or max(1, min(5, room // stage_bytes))
+    num_stages = num_stages or max(1, min(5, int(room // stage_bytes)))
     return DotConfig(bm, bn, bk, num_warps, num_stages, split_k)
 
 
@@ -427,7 +475,7 @@ def gemv_config(m: int, block_n: int | None = None, block_k: int | None = None) 
     return bm, bn, bk
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor | None = None, *,
          scale: torch.Tensor | None = None, kind: str = "dot", pdl: bool | str = False,
          epilogue: Epilogue | None = None, launch: GemvLaunch | None = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T + bias (N,) -> (M, N) in x's dtype, float32 accumulation.
@@ -444,6 +492,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     (the token rows fill the MMA's N side, padded to a power of two >= 16).
     With bfloat16/float16 x the products run in float16 (see `_dot`); launch.x_f16 converts x to
     float16 once before the launch (three small ops) instead of in every program at every K step.
+
+    int4 weights (`kernels.int4.Int4Weight`, W4A16): each tile of packed weights is dequantized in
+    registers to x's dtype ((q - z) * s, `int4.dequantize` rounded to x's dtype), so y equals
+    F.linear(x, dequantize(weight, x.dtype), bias) up to summation order; a quarter of bf16's bytes
+    plus 4 bytes per group. Kind "dot", every epilogue but rms_eps (folding a norm would
+    re-quantize the weights).
 
     kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; float32 inputs use IEEE
     products, not TF32). launch.split_k > 1 splits K over that many programs per column block, each
@@ -476,7 +530,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     writes the rotated k and the v into rope.k_cache / rope.v_cache at rope.slots, equal bit for bit
     to `rope_kv(gemv(x, weight, bias, ...), ...)`: one launch fewer per layer.
     """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+    int4 = isinstance(weight, Int4Weight)
+    if x.dim() != 2 or len(weight.shape) != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"need x (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
     epi, lc = epilogue or _NO_EPILOGUE, launch or _DEFAULT_LAUNCH
     rms_eps, residual, residual_out = epi.rms_eps, epi.residual, epi.residual_out
@@ -484,6 +539,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     split_k, x_f16 = lc.split_k, lc.x_f16
     m, k = x.shape
     n = weight.shape[0]
+    if int4:
+        check_group(k, weight.group_size)
+        if kind != "dot" or scale is not None or rms_eps is not None or x_f16:
+            raise ValueError("int4 weights need kind 'dot', no scale, no rms_eps and no x_f16")
+        w4, weight = weight, weight.qweight
     fp8 = weight.dtype == FP8
     if fp8 != (scale is not None):
         raise ValueError("fp8 weights need their scale (N,), and only fp8 weights take one")
@@ -494,6 +554,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"gemv kind {kind!r} takes at most {limit} rows, got {m}: use F.linear")
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight need a contiguous last dim")
+    if int4 and not (w4.scales.is_contiguous() and w4.zeros.is_contiguous() and w4.scales.shape == w4.zeros.shape):
+        raise ValueError("int4 weights need contiguous scales and zeros of one shape")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must be ({n},), got {tuple(bias.shape)}")
     if split_k is not None and (split_k < 1 or kind != "dot"):
@@ -529,10 +591,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if m == 0 or n == 0:
         return y
     if kind == "dot":
-        cfg = dot_config(m, n, k, weight.element_size(), x.element_size(), fp8=fp8, pdl=pdl,
-                         residual=residual is not None, norm=rms, launch=lc)
+        cfg = dot_config(m, n, k, 0.5 if int4 else weight.element_size(), x.element_size(), fp8=fp8, int4=int4,
+                         pdl=pdl, residual=residual is not None, norm=rms, launch=lc)
         bm, bn, bk, split_k = cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
         upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
+        quant = (w4.scales, w4.zeros, w4.scales.stride(0)) if int4 else (x, x, 0)
         ieee = x.dtype == torch.float32 or upcast
         f16 = fp8 and x.dtype in (torch.bfloat16, torch.float16)
         x_f16 = f16 and x_f16
@@ -548,7 +611,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         _skinny_dot_kernel[(triton.cdiv(n // 2, bn // 2) if pairs else triton.cdiv(n, bn), split_k)](
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
-            weight.stride(0), y.stride(0), res.stride(0), *rp, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
+            weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
+            GROUP=w4.group_size if int4 else 1, UNPACK=lc.unpack, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
@@ -579,9 +643,12 @@ def fold_norm_weight(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.T
     return (weight.float() * norm_weight.float()[None, :]).to(weight.dtype)
 
 
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor | None = None,
              scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure-torch reference: the model's `F.linear`; fp8 weights dequantized (weight * scale)."""
+    """Pure-torch reference: the model's `F.linear`; fp8 weights dequantized (weight * scale), int4
+    weights by `int4.dequantize` to x's dtype."""
+    if isinstance(weight, Int4Weight):
+        return F.linear(x, dequantize(weight, x.dtype), bias)
     if scale is None:
         return F.linear(x, weight, bias)
     return F.linear(x, (weight.float() * scale[:, None]).to(x.dtype), bias)

@@ -136,7 +136,7 @@ def summarize_traces(traces: Sequence[PairTrace], top_k: int) -> tuple[list[floa
 
 
 def _named(name: str, weight_format: str) -> str:
-    """A model's name in profile names and file names: `-fp8` appended for fp8 weights."""
+    """A model's name in profile names and file names: `-fp8` / `-int4` appended for quantized weights."""
     return name if weight_format == "native" else f"{name}-{weight_format}"
 
 
@@ -175,7 +175,7 @@ def profile_acceptance(
     """Measure the pair as `options` says (see the module docstring) -> an AcceptanceProfile.
 
     weight_format / draft_weight_format (default: weight_format): the models' GEMM weights,
-    "native" or "fp8" (`load_model`). The same checkpoint as target and draft with only the draft
+    "native", "fp8" or "int4" (`load_model`). The same checkpoint as target and draft with only the draft
     in fp8 measures how often the fp8 model's greedy token is the native one's (`top1_agreement`).
     sampling: the target's path is its greedy (temperature 0) or sampled continuation (module
     docstring). progress: a tqdm bar over the runs; log(line): each model built, and each run done

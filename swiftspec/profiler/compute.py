@@ -356,7 +356,7 @@ def profile_shard(job: ShardJob, device: str, dtype: torch.dtype, timer: Timer, 
         k = min(TREE_WIDTH, shard.vocab)
         small = {
             "embed": lambda ids=ids: model.embed[ids],
-            "lm_head": lambda x=x: model._lin(rms_norm(x, model.norm, spec.rms_eps), model.lm_head, None, model.lm_head_scale).float(),
+            "lm_head": lambda x=x: model._lin(rms_norm(x, model.norm, spec.rms_eps), model.lm_head, None, model.lm_head_quant).float(),
             # what DraftTree.grow runs
             "tree_growth": lambda lg=logits, k=k: top_logprobs(lg, k, model.kernels.tree_growth),
         }
@@ -521,7 +521,7 @@ class ComputeOptions:
     per mode. alias: models whose shapes equal an earlier model's are not re-timed; its rows are
     copied under their name (meta.json `aliases`). attention: the tree attention to time ("auto" =
     the runtime's default for the device, "torch" SDPA or "triton"); the other kernels are the
-    runtime's defaults. weight_format: "native" or "fp8" (recorded in meta.json and the profile's
+    runtime's defaults. weight_format: "native", "fp8" or "int4" (recorded in meta.json and the profile's
     label; a folder keeps one format). attention_ws: "auto", "on" or "off", the Gluon tree attention
     for many-row forwards. time_budget_s: stop starting new points after this many seconds and
     write what was measured (meta.json `incomplete` says so). loop: the decoding loop whose host

@@ -80,7 +80,7 @@ class Job:
     (None: measured acceptance, the target decides: its argmax, or its draw when sampling).
     rank_logprobs: with rank_paths, log q by draft rank of the replayed profile: it shapes the
     draft tree (`DraftTree.rank_logprobs`). weight_format: both models' GEMM weights, "native" or
-    "fp8"; each model's kernels are resolved for it and its TP degree (`KernelConfig.resolve`; a
+    "fp8" or "int4"; each model's kernels are resolved for it and its TP degree (`KernelConfig.resolve`; a
     checkpoint's fp8 model is the same at every TP size). sampling: greedy, or lossless sampling of the target
     (`verify.SamplingVerifier`) with prompt i's draws seeded `sampling.for_prompt(i)`, so every mode
     produces the same tokens. vocab: the ids the pair decodes over (`runtime.vocab.shared_vocab`):

@@ -103,7 +103,7 @@ class GenerateResult:
     decode_s: float
     stop: str  # "eos" | "max_new_tokens"
     records: list[IterationRecord] = field(default_factory=list)
-    weight_format: str = "native"  # the target's GEMM weights: "native" (the dtype) | "fp8"
+    weight_format: str = "native"  # the target's GEMM weights: "native" (the dtype) | "fp8" | "int4"
     temperature: float = 0.0  # 0: greedy; > 0: sampled (SamplingVerifier)
     sample_top_k: int = 0  # sampled: the top-k cut (0: off)
     sample_top_p: float = 1.0  # sampled: the nucleus mass (1: off)
@@ -399,7 +399,7 @@ class LoadOptions:
     """How `generate_from_checkpoints` loads the models and sizes their caches.
 
     weights: "checkpoint" or "random" (at the checkpoint's shapes, seeded by `seed`; a distinct
-    draft gets seed + 1). weight_format: both models' GEMM weights, "native" or "fp8".
+    draft gets seed + 1). weight_format: both models' GEMM weights, "native", "fp8" or "int4".
     tree_growth: the draft's top-k ("auto": the device's default, `KernelConfig.resolve`).
     loop: the decoding loop, "host" or "device" (`GenerateConfig.loop`).
     max_len: the most KV-cache slots per model.

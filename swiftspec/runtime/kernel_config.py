@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swiftspec.spec import UserError
+from swiftspec.spec import WEIGHT_FORMATS, UserError
 
 ATTENTION_IMPLS = ("torch", "ref", "triton")
 ATTENTION_COMBINES = ("separate", "kernel")
@@ -24,7 +24,6 @@ FUSION_MODES = ("off", "compile", "triton")
 LINEAR_IMPLS = ("torch", "triton")
 PDL_MODES = ("off", "early", "late", "early-nopeel")
 TREE_GROWTH_IMPLS = ("torch", "triton", "graph")
-WEIGHT_FORMATS = ("native", "fp8")
 
 # The Gluon tree attention takes forwards of at least this many rows (tokens x query heads per KV
 # head) and tokens: below them a single KV head's tile leaves most SMs idle (docs/decisions.md).
@@ -54,7 +53,8 @@ class KernelConfig:
     skinny linear's epilogues (RMSNorm folded into the weights; silu(gate)*up; RoPE + KV write).
     pdl: programmatic dependent launch of the Triton kernels ("early", "late", "off"; sm_90+).
     tree_growth: the draft's top-k after each forward ("torch", "triton", "graph").
-    weight_format: "native" (GEMM weights in the model dtype) or "fp8" (weight-only e4m3).
+    weight_format: "native" (GEMM weights in the model dtype), "fp8" (weight-only e4m3) or "int4"
+    (W4A16 in the AWQ format's numbers, `kernels.int4`).
     """
 
     attention: str = "torch"
@@ -83,7 +83,8 @@ class KernelConfig:
             verb = "needs" if len(needs_linear) == 1 else "need"
             raise UserError(f"{', '.join(needs_linear)} {verb} linear 'triton' (the skinny linear runs it)")
         if self.fold_norm and self.weight_format != "native":
-            raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
+            raise UserError(f"fold_norm needs native weights, not {self.weight_format} (folding would re-quantize "
+                            "them)")
         if self.attention_ws_rows and self.attention != "triton":
             raise UserError("the warp-specialized attention (attention_ws_rows > 0) needs attention 'triton'")
 

@@ -10,7 +10,10 @@ One `Transformer` holds the weights of one TP rank (see `weights.load_model`):
     lm_head    (vocab_local, hidden)                   vocab-parallel -> all-gather of logits
 
 weight_format "fp8": wqkv, wo, w13, w2 and lm_head are float8 e4m3 with a float32 scale per row
-(`{name}_scale`), and the LM head is its own copy even when tied.
+(`{name}_quant`), and the LM head is its own copy even when tied. weight_format "int4" (W4A16, the
+AWQ format's numbers): wqkv, wo, w13 and w2 are packed int4 (N, K / 8) int32 with a float16 scale
+and zero point per group of inputs (`{name}_quant`, a `kernels.int4.Int4Weight`); embedding and
+LM head stay in the model dtype, as AWQ checkpoints keep them.
 
 Head counts, ffn and vocab are zero-padded per `ModelSpec.shard(tp)`: padded query heads have zero
 rows in wqkv and zero columns in wo, so they add nothing; padded KV heads only serve padded query
@@ -35,12 +38,14 @@ from swiftspec.kernels.gemv import (
     MAX_ROWS,
     MAX_ROWS_DOT,
     MAX_ROWS_FP8,
+    MAX_ROWS_INT4,
     Epilogue,
     RopeKV,
     fold_norm_weight,
     gemv,
     quantize_fp8,
 )
+from swiftspec.kernels.int4 import Int4Weight, check_group, dequantize, quantize_int4
 from swiftspec.kernels.pdl import pdl_available
 from swiftspec.kernels.reference import apply_rope, rms_norm, silu_mul
 from swiftspec.kernels.rmsnorm import add_rmsnorm
@@ -116,6 +121,28 @@ def sdpa_tree_attention(
     return out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
 
 
+def _dequantized(w: torch.Tensor, quant: torch.Tensor | Int4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The weight (N, K) in `dtype` that fp8 `w` with its scale, or an `Int4Weight`, stands for."""
+    if isinstance(quant, Int4Weight):
+        return dequantize(quant, dtype)
+    return w.to(dtype) * quant[:, None].to(dtype)
+
+
+def _check_int4_shapes(spec: ModelSpec, shard: Shard) -> None:
+    """UserError unless every int4 GEMM weight of this shard packs: K a multiple of the group size
+    (which keeps a row-parallel shard's groups the unsharded model's) and N of 8."""
+    hd = spec.head_dim
+    for name, n, k in (("qkv", (shard.q_heads + 2 * shard.kv_heads) * hd, spec.hidden),
+                       ("o", spec.hidden, shard.q_heads * hd), ("gate/up", 2 * shard.ffn, spec.hidden),
+                       ("down", spec.hidden, shard.ffn)):
+        try:
+            check_group(k, spec.group_size, f"{spec.name} {name} projection at TP {shard.tp}")
+            if n % 8:
+                raise ValueError(f"{spec.name} {name} projection at TP {shard.tp}: {n} output rows, not a multiple of 8")
+        except ValueError as e:
+            raise UserError(f"{e}: int4 weights need another TP degree or group size") from None
+
+
 def _epilogue(act: str | None, rope: RopeKV | None) -> Epilogue | None:
     """The skinny linear's epilogue for an activation and/or RoPE (None: a plain product)."""
     return None if act is None and rope is None else Epilogue(act=act, rope=rope)
@@ -132,15 +159,20 @@ class Layer(nn.Module):
         def p(*shape, dt=dtype):
             return nn.Parameter(torch.zeros(*shape, device=device, dtype=dt), requires_grad=False)
 
-        gemm = FP8 if weight_format == "fp8" else dtype
+        def gemm(n: int, k: int) -> nn.Parameter:
+            if weight_format == "int4":  # the packed ints; the rest of the weight is `{name}_quant`
+                return p(n, k // 8, dt=torch.int32)
+            return p(n, k, dt=FP8 if weight_format == "fp8" else dtype)
+
         self.attn_norm, self.mlp_norm = p(h), p(h)
-        self.wqkv = p(qkv_rows, h, dt=gemm)
+        self.wqkv = gemm(qkv_rows, h)
         self.bqkv = p(qkv_rows) if spec.qkv_bias else None
-        self.wo = p(h, shard.q_heads * hd, dt=gemm)
-        self.w13 = p(2 * shard.ffn, h, dt=gemm)
-        self.w2 = p(h, shard.ffn, dt=gemm)
-        # fp8: one float32 scale per weight row (`Transformer.set_gemm_weight`); None: model dtype
-        self.wqkv_scale = self.wo_scale = self.w13_scale = self.w2_scale = None
+        self.wo = gemm(h, shard.q_heads * hd)
+        self.w13 = gemm(2 * shard.ffn, h)
+        self.w2 = gemm(h, shard.ffn)
+        # what the weight format needs beside each GEMM weight (`Transformer.set_gemm_weight`): fp8
+        # its float32 scale per row, int4 its `Int4Weight`; None: weights in the model dtype
+        self.wqkv_quant = self.wo_quant = self.w13_quant = self.w2_quant = None
 
 
 class Transformer(nn.Module):
@@ -176,6 +208,8 @@ class Transformer(nn.Module):
         # row, quantized as they are filled (`set_gemm_weight`), so the model-dtype copy never exists
         self.weight_format = weight_format
         self._dequantized: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # CPU fp8 only: see `_lin`
+        if weight_format == "int4":
+            _check_int4_shapes(spec, self.shard)
         self.layers = nn.ModuleList(Layer(spec, self.shard, device, dtype, weight_format) for _ in range(spec.num_layers))
         self.norm = nn.Parameter(torch.zeros(spec.hidden, **z), requires_grad=False)
         if spec.tie_embeddings and tp_size == 1 and weight_format != "fp8":
@@ -184,7 +218,7 @@ class Transformer(nn.Module):
             head_dtype = FP8 if weight_format == "fp8" else dtype
             self.lm_head = nn.Parameter(torch.zeros(self.shard.vocab, spec.hidden, device=device, dtype=head_dtype),
                                         requires_grad=False)  # fmt: skip
-        self.lm_head_scale: torch.Tensor | None = None
+        self.lm_head_quant: torch.Tensor | None = None
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
         self.scale = spec.head_dim**-0.5
         self._norms_folded = False  # `fold_norms`
@@ -220,18 +254,19 @@ class Transformer(nn.Module):
     def _init_linear(self, kernels: KernelConfig) -> None:
         """How the GEMMs run: linear "torch" = `F.linear` (cuBLAS on CUDA); "triton" = the skinny
         linear `kernels.gemv` (a pure weight stream) for forwards of at most `linear_max_rows` tokens
-        (default `gemv.MAX_ROWS`; up to `gemv.MAX_ROWS_DOT`), `F.linear` above that; fp8 weights take
-        it for every forward up to `gemv.MAX_ROWS_FP8`. The choice is per forward shape, so a
-        captured graph holds one. Where the skinny linear runs, its epilogues save a launch each:
+        (default `gemv.MAX_ROWS`; up to `gemv.MAX_ROWS_DOT`), `F.linear` above that; fp8 and int4
+        weights take it for every forward up to `gemv.MAX_ROWS_FP8` / `MAX_ROWS_INT4`, above that
+        their dequantized copy. The choice is per forward shape, so a captured graph holds one. Where the skinny linear runs, its epilogues save a launch each:
         fold_norm the residual add + RMSNorm before the qkv, gate/up and LM-head GEMMs (once
         `fold_norms` has folded the norm weights into them), swiglu silu(gate) * up after gate/up,
         rope RoPE + the KV-cache write after qkv."""
-        self._gemv, self._gemv_rows, self._gemv_fp8_rows = None, 0, 0
+        self._gemv, self._gemv_rows, self._gemv_quant_rows = None, 0, 0
         if kernels.linear == "triton":
             rows = MAX_ROWS if kernels.linear_max_rows is None else kernels.linear_max_rows
             if not 1 <= rows <= MAX_ROWS_DOT:
                 raise UserError(f"linear_max_rows must be in 1..{MAX_ROWS_DOT}, got {rows}")
-            self._gemv, self._gemv_rows, self._gemv_fp8_rows = gemv, rows, MAX_ROWS_FP8
+            quant_rows = MAX_ROWS_INT4 if kernels.weight_format == "int4" else MAX_ROWS_FP8
+            self._gemv, self._gemv_rows, self._gemv_quant_rows = gemv, rows, quant_rows
 
     def fold_norms(self) -> None:
         """Fold each RMSNorm's weight into the GEMM that consumes its output (W · diag(g): attn_norm
@@ -243,7 +278,8 @@ class Transformer(nn.Module):
         if self._norms_folded:
             return
         if self.weight_format != "native":
-            raise UserError("fold_norm needs native weights, not fp8 (folding would re-quantize them)")
+            raise UserError(f"fold_norm needs native weights, not {self.weight_format} (folding would re-quantize "
+                            "them)")
         for layer in self.layers:
             for w, g in ((layer.wqkv, layer.attn_norm), (layer.w13, layer.mlp_norm)):
                 w.copy_(fold_norm_weight(w, g))
@@ -254,15 +290,30 @@ class Transformer(nn.Module):
         self.norm.fill_(1.0)
         self._norms_folded = True
 
-    def set_gemm_weight(self, owner: nn.Module, name: str, w: torch.Tensor) -> None:
+    def set_gemm_weight(self, owner: nn.Module, name: str, w: torch.Tensor | Int4Weight) -> None:
         """Write GEMM weight `name` of `owner` (a Layer, or the model for "lm_head") from `w` (N, K);
         with fp8 weights quantized per row (`kernels.gemv.quantize_fp8`), its scale kept beside it
-        as `{name}_scale`. Outputs then change by the quantization: a different model.
+        as `{name}_quant`; with int4 weights (not the LM head) `w` is an `Int4Weight` already (an AWQ
+        checkpoint's) or quantized here (`kernels.int4.quantize_int4`, round to nearest, groups of
+        `spec.group_size`), its packed ints in `name` and the whole `Int4Weight` as `{name}_quant`.
+        Outputs then change by the quantization: a different model.
 
         The row-parallel weights (wo, w2) hold a slice of every row on each rank: their per-row
         amax is the max over the TP group (one all-reduce per weight while loading), so each
         rank's scales are the unsharded model's and the fp8 model is the same at every TP size.
-        Without a group (the profiler's lone rank 0, communication skipped) the slice's own amax."""
+        Without a group (the profiler's lone rank 0, communication skipped) the slice's own amax.
+        int4 groups run along each row, so a row-parallel shard whose width is a multiple of the group
+        holds exactly the unsharded model's groups (`_check_int4_shapes`)."""
+        if self.weight_format == "int4" and name != "lm_head":
+            w4 = w if isinstance(w, Int4Weight) else quantize_int4(w, self.spec.group_size)
+            w4 = Int4Weight(*(t.to(self.device) for t in (w4.qweight, w4.scales, w4.zeros)), w4.group_size)
+            param = getattr(owner, name)
+            if w4.qweight.shape != param.shape:
+                raise ValueError(f"{name}: int4 weight {tuple(w4.qweight.shape)} does not fit {tuple(param.shape)}")
+            param.copy_(w4.qweight)
+            self._dequantized.clear()
+            setattr(owner, f"{name}_quant", Int4Weight(param.data, w4.scales, w4.zeros, w4.group_size))
+            return
         if self.weight_format != "fp8":
             getattr(owner, name).copy_(w)
             return
@@ -273,37 +324,39 @@ class Transformer(nn.Module):
         w8, scale = quantize_fp8(w, amax)
         self._dequantized.clear()  # a weight changed: the CPU path's dequantized copies are stale
         getattr(owner, name).copy_(w8)
-        setattr(owner, f"{name}_scale", scale)
+        setattr(owner, f"{name}_quant", scale)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
-             scale: torch.Tensor | None = None, act: str | None = None, rope=None) -> torch.Tensor:
-        """x (T, K) @ w (N, K).T + b -> (T, N) by the configured linear (`_init_linear`); `scale` (N,):
-        w is fp8 (`set_gemm_weight`): the fp8 skinny linear with linear "triton", else the
-        dequantized weight w * scale (the reference path): per call on a GPU, where a second copy
-        would undo the bytes fp8 saves; kept after the first call on the CPU, where the per-call
-        e4m3 conversion makes real-model runs several times slower than native and host memory
-        is cheap. act, rope: `gemv`'s epilogues, only where the skinny linear runs (`_gemv_runs`)."""
-        if scale is not None:
-            if self._gemv_runs(x.shape[0], scale):
-                return self._gemv(x.contiguous(), w, b, scale=scale, kind="dot", pdl=self.pdl,
-                                  epilogue=_epilogue(act, rope))
+             quant: torch.Tensor | Int4Weight | None = None, act: str | None = None, rope=None) -> torch.Tensor:
+        """x (T, K) @ w (N, K).T + b -> (T, N) by the configured linear (`_init_linear`). `quant`
+        (`set_gemm_weight`): w is fp8 with this scale (N,), or int4 with this `Int4Weight`: the
+        quantized skinny linear with linear "triton", else the dequantized weight (the reference
+        path): per call on a GPU, where a second copy would undo the bytes quantization saves;
+        kept after the first call on the CPU, where the per-call conversion makes real-model runs
+        several times slower than native and host memory is cheap. act, rope: `gemv`'s epilogues,
+        only where the skinny linear runs (`_gemv_runs`)."""
+        if quant is not None:
+            if self._gemv_runs(x.shape[0], quant):
+                int4 = isinstance(quant, Int4Weight)
+                return self._gemv(x.contiguous(), quant if int4 else w, b, scale=None if int4 else quant, kind="dot",
+                                  pdl=self.pdl, epilogue=_epilogue(act, rope))
             if w.device.type != "cpu":
-                return F.linear(x, w.to(x.dtype) * scale[:, None].to(x.dtype), b)
+                return F.linear(x, _dequantized(w, quant, x.dtype), b)
             key = (w.data_ptr(), x.dtype)
             if key not in self._dequantized:
-                self._dequantized[key] = w.to(x.dtype) * scale[:, None].to(x.dtype)
+                self._dequantized[key] = _dequantized(w, quant, x.dtype)
             return F.linear(x, self._dequantized[key], b)
-        if self._gemv_runs(x.shape[0], scale):
+        if self._gemv_runs(x.shape[0], quant):
             # the faster kind at 1-16 rows (docs/decisions.md)
             return self._gemv(x.contiguous(), w, b, kind="dot", pdl=self.pdl, epilogue=_epilogue(act, rope))
         if act is not None or rope is not None:
             raise ValueError(f"gemv's epilogues need the skinny linear ({x.shape[0]} rows go to F.linear)")
         return F.linear(x, w, b)
 
-    def _gemv_runs(self, rows: int, scale: torch.Tensor | None) -> bool:
-        """Whether `_lin` runs a GEMM of `rows` token rows through the skinny linear (fp8 weights:
-        `scale` given)."""
-        return self._gemv is not None and rows <= (self._gemv_rows if scale is None else self._gemv_fp8_rows)
+    def _gemv_runs(self, rows: int, quant: torch.Tensor | Int4Weight | None) -> bool:
+        """Whether `_lin` runs a GEMM of `rows` token rows through the skinny linear (fp8 or int4
+        weights: `quant` given)."""
+        return self._gemv is not None and rows <= (self._gemv_rows if quant is None else self._gemv_quant_rows)
 
     def _init_fusion(self, mode: str) -> None:
         """How the small per-layer ops run (a batch-1 step is launch-bound): "off" plain eager ops,
@@ -393,7 +446,7 @@ class Transformer(nn.Module):
             return self._gather_logits(local.float())
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm, spec.rms_eps)
-            qkv = self._lin(h, layer.wqkv, layer.bqkv, layer.wqkv_scale)
+            qkv = self._lin(h, layer.wqkv, layer.bqkv, layer.wqkv_quant)
             q = self._rope(qkv[:, :nq].view(t, sh.q_heads, hd), cos, sin)
             k = self._rope(qkv[:, nq : nq + nkv].view(t, sh.kv_heads, hd), cos, sin)
             v = qkv[:, nq + nkv :].view(t, sh.kv_heads, hd)
@@ -401,12 +454,12 @@ class Transformer(nn.Module):
             kc[:, slots] = k.transpose(0, 1)
             vc[:, slots] = v.transpose(0, 1)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
-            x = x + self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_scale))
+            x = x + self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_quant))
             h = self._norm(x, layer.mlp_norm, spec.rms_eps)
-            up = self._act(self._lin(h, layer.w13, None, layer.w13_scale))
-            x = x + self._all_reduce(self._lin(up, layer.w2, None, layer.w2_scale))
+            up = self._act(self._lin(h, layer.w13, None, layer.w13_quant))
+            x = x + self._all_reduce(self._lin(up, layer.w2, None, layer.w2_quant))
         x = self._norm(x, self.norm, spec.rms_eps)
-        return self._gather_logits(self._lin(x, self.lm_head, None, self.lm_head_scale).float())
+        return self._gather_logits(self._lin(x, self.lm_head, None, self.lm_head_quant).float())
 
     def _attend(self, q, kc, vc, prefix_len, tree_mask, allowed, packed) -> torch.Tensor:
         """One layer's tree attention by the chosen impl: q (T, Hq, D) -> (T, Hq, D)."""
@@ -434,30 +487,30 @@ class Transformer(nn.Module):
         res = None  # the residual stream; x: what the next norm adds to it
         for i, layer in enumerate(self.layers):
             kc, vc = cache.k[i], cache.v[i]
-            if self.kernels.rope and self._gemv_runs(t, layer.wqkv_scale):  # RoPE + KV write in the GEMM's epilogue
+            if self.kernels.rope and self._gemv_runs(t, layer.wqkv_quant):  # RoPE + KV write in the GEMM's epilogue
                 epi = RopeKV(cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads)
-                q, res = self._norm_lin(x, res, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wqkv_scale, rope=epi)
+                q, res = self._norm_lin(x, res, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wqkv_quant, rope=epi)
             else:
-                qkv, res = self._norm_lin(x, res, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wqkv_scale)
+                qkv, res = self._norm_lin(x, res, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wqkv_quant)
                 q = rope_kv(qkv, cos, sin, slots, kc, vc, sh.q_heads, sh.kv_heads, pdl=pdl)
             a = self._attend(q, kc, vc, prefix_len, tree_mask, allowed, packed)
-            o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_scale))
-            if self.kernels.swiglu and self._gemv_runs(t, layer.w13_scale):  # silu * up in the GEMM's epilogue
-                up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_scale, act="swiglu")
+            o = self._all_reduce(self._lin(a.reshape(t, nq), layer.wo, None, layer.wo_quant))
+            if self.kernels.swiglu and self._gemv_runs(t, layer.w13_quant):  # silu * up in the GEMM's epilogue
+                up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_quant, act="swiglu")
             else:
-                gate_up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_scale)
+                gate_up, res = self._norm_lin(o, res, layer.mlp_norm, layer.w13, None, layer.w13_quant)
                 up = act(gate_up, pdl=pdl)
-            x = self._all_reduce(self._lin(up, layer.w2, None, layer.w2_scale))
-        return self._norm_lin(x, res, self.norm, self.lm_head, None, self.lm_head_scale)[0]
+            x = self._all_reduce(self._lin(up, layer.w2, None, layer.w2_quant))
+        return self._norm_lin(x, res, self.norm, self.lm_head, None, self.lm_head_quant)[0]
 
-    def _norm_lin(self, x, res, norm_w, w, b, scale, act: str | None = None,
+    def _norm_lin(self, x, res, norm_w, w, b, quant, act: str | None = None,
                   rope=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(linear(RMSNorm(x + res) * norm_w), x + res): with `fold_norm` in one skinny-linear launch
         where it runs (<= its rows; norm_w is then ones, folded into w), else add_rmsnorm then
         `_lin`. res None: x alone. act, rope: as `_lin`'s."""
         eps, pdl = self.spec.rms_eps, self.pdl
         folded = self._norms_folded and self.kernels.fold_norm
-        if folded and scale is None and self._gemv_runs(x.shape[0], scale):
+        if folded and quant is None and self._gemv_runs(x.shape[0], quant):
             x = x.contiguous()
             new_res = torch.empty_like(x) if res is not None else x
             epi = Epilogue(rms_eps=eps, residual=res, residual_out=new_res if res is not None else None, act=act,
@@ -465,4 +518,4 @@ class Transformer(nn.Module):
             y = self._gemv(x, w, b, kind="dot", pdl=pdl, epilogue=epi)
             return y, new_res
         h, new_res = self._fused_ops[0](x, res, norm_w, eps, pdl=pdl)
-        return self._lin(h, w, b, scale, act=act, rope=rope), new_res
+        return self._lin(h, w, b, quant, act=act, rope=rope), new_res

@@ -3,7 +3,11 @@
 Checkpoints: safetensors only (`model.safetensors`, or shards listed in
 `model.safetensors.index.json`). Each rank reads only its slice of every sharded weight
 (`safe_open(...).get_slice(name)[a:b]`), fuses q/k/v and gate/up, and zero-pads heads, ffn and vocab
-per `ModelSpec.shard(tp)`.
+per `ModelSpec.shard(tp)`. AWQ checkpoints (config.json `quantization_config` quant_method "awq",
+4 bits, the GEMM layout; `kernels.int4`) hold each projection as qweight / qzeros / scales: a rank
+reads its rows or columns of those (output slices in whole packs of 8, input slices in whole
+groups) and the model runs them as they are (weight_format "int4"); the embedding, norms and LM
+head are in the checkpoint's dtype.
 
 Random weights (`weights="random"`, latency work at real shapes): N(0, 0.02) for matrices and
 biases, ones for norms. Each tensor is generated *directly at its local (per-rank) shape on the
@@ -25,6 +29,7 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 
+from swiftspec.kernels.int4 import AwqTensors, awq_unpacked, check_group, from_parts
 from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.model import Transformer
 from swiftspec.spec import ModelSpec, UserError, parse_json, read_text, require, resolve_model_path
@@ -114,19 +119,34 @@ def _weight_map(folder: Path) -> dict[str, str]:
     )
 
 
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+
+
+def _projection_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(N outputs, K inputs) of each projection of a layer (`PROJECTIONS`)."""
+    h, q, kv = spec.hidden, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    return dict(zip(PROJECTIONS, ((q, h), (kv, h), (kv, h), (h, q), (spec.ffn, h), (spec.ffn, h), (h, spec.ffn)),
+                    strict=True))
+
+
 def _expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Full (unsharded) shape of every tensor `_fill` reads (lm_head: when the checkpoint has one)."""
+    """Full (unsharded) shape of every tensor `_fill` reads (lm_head: when the checkpoint has one;
+    an AWQ checkpoint's projections: qweight (K, N / 8), qzeros (K / g, N / 8), scales (K / g, N))."""
     h, q, kv = spec.hidden, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     out = {"model.embed_tokens.weight": (spec.vocab, h), "model.norm.weight": (h,)}
     if not spec.tie_embeddings:
         out["lm_head.weight"] = (spec.vocab, h)
+    g = spec.group_size
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
-        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                    p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                    p + "mlp.gate_proj.weight": (spec.ffn, h), p + "mlp.up_proj.weight": (spec.ffn, h),
-                    p + "mlp.down_proj.weight": (h, spec.ffn)})  # fmt: skip
+        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        for proj, (n, k) in _projection_shapes(spec).items():
+            if spec.weight_format == "int4":
+                out.update({f"{p}{proj}.qweight": (k, n // 8), f"{p}{proj}.qzeros": (k // g, n // 8),
+                            f"{p}{proj}.scales": (k // g, n)})
+            else:
+                out[f"{p}{proj}.weight"] = (n, k)
         if spec.qkv_bias:
             out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                         p + "self_attn.v_proj.bias": (kv,)})  # fmt: skip
@@ -139,6 +159,14 @@ def check_checkpoint(folder: Path, spec: ModelSpec) -> tuple[dict[str, str], dic
     file -> open handle;
     a truncated file, a missing tensor or a wrong shape -> UserError naming the file and tensor."""
     weight_map = _weight_map(folder)
+    if spec.weight_format == "int4":
+        for proj, (n, k) in _projection_shapes(spec).items():
+            try:
+                check_group(k, spec.group_size, f"{folder}: {proj}")
+            except ValueError as e:
+                raise UserError(f"{e}: this AWQ checkpoint's group size does not fit the model") from None
+            if n % 8:
+                raise UserError(f"{folder}: {proj} has {n} outputs, not a multiple of 8: not an AWQ GEMM layout")
     handles = {f: _open_safetensors(folder / f) for f in sorted(set(weight_map.values()))}
     for name, shape in _expected_shapes(spec).items():
         if name not in weight_map:
@@ -206,8 +234,34 @@ def _random_reader(spec: ModelSpec, rank: int, seed: int, device, dtype) -> Read
     return read
 
 
-def _fill(model: Transformer, read: Reader, names: set[str] | None) -> None:
-    """Copy every local tensor of `model` from `read`, fusing and zero-padding as documented."""
+def _awq_slice(read: Reader, base: str, dim: int, a: int, b: int, size: int,
+               group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Outputs (dim 0) or inputs (dim 1) [a, b) of the AWQ projection `base`, zero-padded to `size`
+    along that dim: (q (N, K) uint8, zeros, scales (N, K / g)). Zero q, zeros and scales make the
+    padded rows and columns zero weights."""
+    unit = 8 if dim == 0 else group  # outputs come in packs of 8, inputs in whole groups
+    if a % unit or b % unit:
+        raise UserError(f"{base}: this rank's {'outputs' if dim == 0 else 'inputs'} [{a}, {b}) split a "
+                        f"{'pack of 8' if dim == 0 else f'group of {group}'}: use another TP degree")
+    if dim == 0:
+        t = AwqTensors(read(base + ".qweight", 1, a // 8, b // 8), read(base + ".qzeros", 1, a // 8, b // 8),
+                       read(base + ".scales", 1, a, b))
+    else:
+        t = AwqTensors(read(base + ".qweight", 0, a, b), read(base + ".qzeros", 0, a // group, b // group),
+                       read(base + ".scales", 0, a // group, b // group))
+    q, z, s = awq_unpacked(t)
+    short = size - (b - a)
+    if short > 0:
+        pad = (0, 0, 0, short) if dim == 0 else (0, short)
+        q = torch.nn.functional.pad(q, pad)
+        small = pad if dim == 0 else (0, short // group)
+        z, s = torch.nn.functional.pad(z, small), torch.nn.functional.pad(s, small)
+    return q, z, s
+
+
+def _fill(model: Transformer, read: Reader, names: set[str] | None, awq: bool = False) -> None:
+    """Copy every local tensor of `model` from `read`, fusing and zero-padding as documented
+    (awq: the projections are an AWQ checkpoint's, `_awq_slice`)."""
     spec, sh = model.spec, model.shard
     sl = rank_slices(spec, model.tp_size, model.tp_rank)
     hd = spec.head_dim
@@ -228,19 +282,31 @@ def _fill(model: Transformer, read: Reader, names: set[str] | None) -> None:
             p = f"model.layers.{i}."
             layer.attn_norm.copy_(get(p + "input_layernorm.weight"))
             layer.mlp_norm.copy_(get(p + "post_attention_layernorm.weight"))
-            def qkv(kind: str, p: str = p) -> torch.Tensor:
-                return torch.cat([get(f"{p}self_attn.q_proj.{kind}", 0, sl.q, hd, sh.q_heads),
-                                  get(f"{p}self_attn.k_proj.{kind}", 0, sl.kv, hd, sh.kv_heads),
-                                  get(f"{p}self_attn.v_proj.{kind}", 0, sl.kv, hd, sh.kv_heads)], dim=0)  # fmt: skip
+            def weight(proj: str, dim: int, rng: tuple[int, int], unit: int, size: int, p: str = p):
+                if awq:
+                    return _awq_slice(read, p + proj, dim, rng[0] * unit, rng[1] * unit, size * unit, spec.group_size)
+                return get(f"{p}{proj}.weight", dim, rng, unit, size)
 
-            model.set_gemm_weight(layer, "wqkv", qkv("weight"))
+            def fused(*parts):
+                """Projections stacked along their outputs: the fused GEMM weight."""
+                if awq:
+                    return from_parts(*(torch.cat(t, dim=0) for t in zip(*parts, strict=True)))
+                return torch.cat(parts, dim=0)
+
+            def qkv_bias(p: str = p) -> torch.Tensor:
+                return torch.cat([get(f"{p}self_attn.q_proj.bias", 0, sl.q, hd, sh.q_heads),
+                                  get(f"{p}self_attn.k_proj.bias", 0, sl.kv, hd, sh.kv_heads),
+                                  get(f"{p}self_attn.v_proj.bias", 0, sl.kv, hd, sh.kv_heads)], dim=0)  # fmt: skip
+
+            model.set_gemm_weight(layer, "wqkv", fused(weight("self_attn.q_proj", 0, sl.q, hd, sh.q_heads),
+                                                       weight("self_attn.k_proj", 0, sl.kv, hd, sh.kv_heads),
+                                                       weight("self_attn.v_proj", 0, sl.kv, hd, sh.kv_heads)))
             if layer.bqkv is not None:
-                layer.bqkv.copy_(qkv("bias"))
-            model.set_gemm_weight(layer, "wo", get(p + "self_attn.o_proj.weight", 1, sl.q, hd, sh.q_heads))
-            gate = get(p + "mlp.gate_proj.weight", 0, sl.ffn, 1, sh.ffn)
-            up = get(p + "mlp.up_proj.weight", 0, sl.ffn, 1, sh.ffn)
-            model.set_gemm_weight(layer, "w13", torch.cat([gate, up], dim=0))
-            model.set_gemm_weight(layer, "w2", get(p + "mlp.down_proj.weight", 1, sl.ffn, 1, sh.ffn))
+                layer.bqkv.copy_(qkv_bias())
+            model.set_gemm_weight(layer, "wo", fused(weight("self_attn.o_proj", 1, sl.q, hd, sh.q_heads)))
+            model.set_gemm_weight(layer, "w13", fused(weight("mlp.gate_proj", 0, sl.ffn, 1, sh.ffn),
+                                                      weight("mlp.up_proj", 0, sl.ffn, 1, sh.ffn)))
+            model.set_gemm_weight(layer, "w2", fused(weight("mlp.down_proj", 1, sl.ffn, 1, sh.ffn)))
         if model.lm_head is not model.embed:
             if spec.tie_embeddings or (names is not None and "lm_head.weight" not in names):
                 rows = model.embed[sl.vocab[0] : sl.vocab[1]]  # this rank's rows of the tied matrix
@@ -249,6 +315,22 @@ def _fill(model: Transformer, read: Reader, names: set[str] | None) -> None:
             else:
                 head = get("lm_head.weight", 0, sl.vocab, 1, sh.vocab)
             model.set_gemm_weight(model, "lm_head", head)
+
+
+RTN_GROUPS = (128, 64, 32)  # quantizing while loading: the first that divides every K of the shard
+
+
+def rtn_group_size(spec: ModelSpec, tp: int) -> int:
+    """The group size of int4 quantization while loading: 128 (AWQ's usual) where it divides the
+    inputs of every projection of a TP-`tp` shard, else 64, else 32 (SmolLM2-135M's hidden 576
+    takes 64); UserError when none does."""
+    sh = spec.shard(tp)
+    ks = (spec.hidden, sh.q_heads * spec.head_dim, sh.ffn)
+    for g in RTN_GROUPS:
+        if all(k % g == 0 for k in ks):
+            return g
+    raise UserError(f"{spec.name} at TP {tp}: no int4 group size of {', '.join(map(str, RTN_GROUPS))} divides the "
+                    f"projections' inputs {', '.join(map(str, ks))}: use another TP degree")
 
 
 def load_model(
@@ -271,8 +353,10 @@ def load_model(
     kernels: how every op runs (None: `KernelConfig.resolve(device, tp_size=tp_size)`, the runtime's
     defaults). Its weight_format "fp8" stores the GEMM weights as weight-only float8_e4m3fn with
     per-row scales, quantized while filling (`Transformer.set_gemm_weight`): a different model, so
-    no verb defaults to it. With its fold_norm the norm weights are folded into the GEMM weights
-    once those are read (`Transformer.fold_norms`).
+    no verb defaults to it; "int4" stores them as W4A16 (`kernels.int4`), quantized round-to-nearest
+    while filling, or an AWQ checkpoint's own (such a checkpoint always loads as int4: a native
+    kernel config is switched to int4, fp8 is an error). With its fold_norm the norm weights are
+    folded into the GEMM weights once those are read (`Transformer.fold_norms`).
     The returned model carries `model.weights` = "checkpoint" | "random" and `model.kernels` for
     labelling outputs.
     """
@@ -288,13 +372,21 @@ def load_model(
         if not 1 <= num_layers <= spec.num_layers:
             raise UserError(f"num_layers must be in 1..{spec.num_layers}, got {num_layers}")
         spec = dataclasses.replace(spec, num_layers=num_layers)
+    awq = weights == "checkpoint" and spec.weight_format == "int4"
+    if awq and kernels.weight_format == "fp8":
+        raise UserError(f"{folder} is an AWQ int4 checkpoint: load it with weight format int4, not fp8")
+    if awq and kernels.weight_format == "native":
+        kernels = dataclasses.replace(kernels, weight_format="int4", fold_norm=False)
     if weights == "checkpoint":
         read, names = _checkpoint_reader(folder, spec)
     else:
         read, names = _random_reader(spec, tp_rank, seed, torch.device(device), dtype), None
+    spec = dataclasses.replace(spec, weight_format=kernels.weight_format)
+    if kernels.weight_format == "int4" and not awq:
+        spec = dataclasses.replace(spec, group_size=rtn_group_size(spec, tp_size))
     model = Transformer(spec, tp_rank=tp_rank, tp_size=tp_size, group=group, device=device, dtype=dtype,
                         kernels=kernels)
-    _fill(model, read, names)
+    _fill(model, read, names, awq=awq)
     if kernels.fold_norm:  # the norm weights fold into the GEMM weights, so after those are read
         model.fold_norms()
     model.weights = weights
