@@ -449,6 +449,7 @@ def profile_group() -> None:
       swiftspec profile acceptance --target T --draft D       rank traces + accepted lengths
       swiftspec profile check DIR                             hold-out error of the latency model
       swiftspec profile derive --from P --hardware builtin:h100-sxm -o DIR   a profile for another GPU
+      swiftspec profile calibrate -o SPEC.json                this machine's numbers, as a hardware spec
     """
 
 
@@ -609,6 +610,31 @@ def profile_derive_cmd(source, hardware, source_hardware, output) -> None:
                      command=" ".join(["swiftspec", *sys.argv[1:]]))
     prof.save(output)
     click.echo(f"wrote {output}: {prof.label}")
+
+
+@profile_group.command("calibrate")
+@click.option("-o", "--output", required=True, help="The spec JSON to write (for `profile derive --hardware` / --source-hardware).")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
+@click.option("--base", default=None,
+              help="Spec (JSON or builtin:NAME) the numbers one device cannot show come from: link_gb_s, link_us "
+                   "[default: the bundled spec of this GPU, else builtin:h200].")
+def profile_calibrate_cmd(output, device, base) -> None:
+    """Measure this machine's copy bandwidth, matmul rates (bf16, fp8 where it runs), kernel launch
+    time, memory and SMs, and write them as a hardware spec (seconds; small sizes on cpu)."""
+    check_output_file(output, "-o")
+    base_spec = HardwareSpec.load(base) if base else None
+    from swiftspec.profiler.calibrate import calibrate, check_replace
+
+    device = device_dtype(device)[0]
+    check_replace(output, device)
+    spec = calibrate(device, base_spec, log=progress_for(False))
+    atomic_write_text(output, json.dumps(spec.to_dict(), indent=2) + "\n")
+    fp8 = f"{spec.fp8_tflops:.4g} TFLOP/s" if "fp8_tflops" in spec.measured else "not measured"
+    click.echo(f"{spec.label}: copy {spec.hbm_tb_s:.4g} TB/s, matmul "
+               f"{'bf16' if spec.device == 'cuda' else 'float32'} {spec.bf16_tflops:.4g} TFLOP/s, fp8 {fp8}, "
+               f"kernel {spec.launch_us:.3g} µs, {spec.hbm_gib:.1f} GiB, {spec.sms} {'SMs' if spec.device == 'cuda' else 'threads'}")
+    click.echo(f"wrote {output} (link_gb_s, link_us: not measured, see its notes); derive between two calibrations "
+               "(--hardware, --source-hardware): the bundled specs' launch_us is not measured")
 
 
 @profile_group.command("check")
