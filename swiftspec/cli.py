@@ -721,7 +721,8 @@ def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weig
 @click.option("-o", "--output", "out_dir", default="figures", show_default=True, help="Folder for NAME.png and NAME.svg.")
 @click.option("--list", "list_", is_flag=True, help="List the studies with one-line descriptions.")
 def study_cmd(name, inputs, out_dir, list_) -> None:
-    """Draw figure NAME as PNG and SVG (studies in swiftspec/studies/, see studies/README.md)."""
+    """Draw figure NAME as PNG and SVG, and its data as CSV where the study writes one (studies in
+    swiftspec/studies/, see studies/README.md)."""
     from swiftspec.studies import list_studies, run_study  # imports matplotlib: only for this command
 
     if list_ or not name:
@@ -730,7 +731,7 @@ def study_cmd(name, inputs, out_dir, list_) -> None:
         for n, desc in list_studies():
             click.echo(f"{n:16s} {desc}")
         return
-    check_output_dir(out_dir, "-o", (f"{name}.png", f"{name}.svg"))
+    check_output_dir(out_dir, "-o", (f"{name}.png", f"{name}.svg", f"{name}.csv"))
     inputs = tuple(resolve_builtin("input", i) for i in inputs)
     out = run_study(name, inputs, out_dir, progress=_progress(False))
     for line in out.notes:
