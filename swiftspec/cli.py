@@ -41,13 +41,14 @@ from swiftspec.options import (
     count,
     device_dtype,
     seconds,
+    visible_gpu_name,
 )
 from swiftspec.profiler.check import check_profile
 from swiftspec.progress import progress_for
-from swiftspec.sim.derive import derive_profile, source_hardware_of
+from swiftspec.sim.derive import derive_profile, hardware_names, hardware_profile_ref, source_hardware_of
 from swiftspec.sim.derive_format import derive_weight_format
 from swiftspec.sim.engine import Workload, to_chrome_trace
-from swiftspec.sim.hardware import HardwareSpec
+from swiftspec.sim.hardware import HardwareSpec, gpu_profile
 from swiftspec.sim.search import SearchSpace, breakdown_table, load_inputs, predict_plan, search
 from swiftspec.spec import LOOPS, WEIGHT_FORMATS, Mode, Plan, Profile, SamplingParams, UserError, to_jsonable
 
@@ -96,6 +97,8 @@ def main() -> None:
 
 # ---- plan / simulate (swiftspec.sim) ------------------------------------------------------
 
+HARDWARE_NAMES = hardware_names()
+
 _PLAN_COLUMNS = {
     "rank": "#", "mode": "mode", "split": "draft/target", "policy": "tree", "tokens_per_s_mean": "tok/s",
     "tokens_per_s_p50": "p50", "tokens_per_s_p95": "p95*", "mean_accepted": "accepted",
@@ -123,8 +126,13 @@ def _progress(as_json: bool):
 @click.option("--draft", default="Llama-3.2-3B", show_default=True, help="Bundled model name or checkpoint folder.")
 @click.option("--profile", "profile_dir", default=None,
               help="Profile folder, or builtin:h200-measured | builtin:h200-fp8 (weight-only fp8 models) | "
-                   "builtin:h200-derived [default: the embedded H200 profile, measured where it covers both "
-                   "models, else derived]; `swiftspec list` shows what each covers.")
+                   "builtin:h100-derived | builtin:h200-derived [default: with a GPU visible, its bundled profile "
+                   "(said on stderr); else the embedded H200 profile, measured where it covers both models, else "
+                   "derived]; `swiftspec list` shows what each covers.")
+@click.option("--hardware", default=None,
+              help=f"Plan for this GPU instead: {' | '.join(HARDWARE_NAMES)} or a spec JSON file: the GPU's bundled "
+                   "profile where there is one, else one derived in memory from builtin:h200-measured and the spec "
+                   "(labelled derived). Not with --profile.")
 @click.option("--acceptance", default=None,
               help="Acceptance profile JSON or builtin:NAME (`swiftspec list`) [default: bundled, synthetic].")
 @click.option("--modes", default=None, help="Comma-separated modes to consider [default: all four].")
@@ -142,7 +150,7 @@ def _progress(as_json: bool):
 @click.option("--max-new-tokens", type=TOKENS, default=256, show_default=True, help="Tokens generated per request.")
 @click.option("--requests", type=REQUESTS, default=8, show_default=True, help="Simulated requests per finalist.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the synthetic target paths.")
-def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w, d, top, as_json, output,
+def plan(gpus, target, draft, profile_dir, hardware, acceptance, modes, draft_gpus, bs, w, d, top, as_json, output,
          gpus_per_node, device, prompt_len, max_new_tokens, requests, seed) -> None:  # fmt: skip
     """Pick split, mode and tree policy for GPUS by SimPy simulation; rank by predicted tokens/s.
 
@@ -152,9 +160,16 @@ def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w,
     parts of the configuration shrink the search; fully pinned, it is one prediction. The
     winning plan is written only when -o is given.
     """
+    if hardware is not None and profile_dir is not None:
+        raise UserError("give --profile or --hardware, not both (--hardware NAME plans from that GPU's bundled or "
+                        "derived profile)")
     if output:
         check_output_file(output, "-o")
     profile_dir, acceptance = resolve_builtin("profile", profile_dir), resolve_builtin("acceptance", acceptance)
+    if hardware is not None:
+        profile_dir = hardware_profile_ref(hardware)
+    elif profile_dir is None and device != "cpu":
+        profile_dir = _gpu_default_profile(visible_gpu_name())
     device = device or profile_device(profile_dir)
     mode_list = tuple(Mode.parse(m.strip()) for m in modes.split(",") if m.strip()) if modes else tuple(Mode)
     space = SearchSpace(gpus=gpus, modes=mode_list, draft_gpus=draft_gpus, bs=bs, w=w, d=d,
@@ -204,6 +219,16 @@ def plan(gpus, target, draft, profile_dir, acceptance, modes, draft_gpus, bs, w,
         click.echo(f"warning: {line}", err=True)
     if output:
         click.echo(f"wrote {output}")
+
+
+def _gpu_default_profile(gpu: str | None) -> str | None:
+    """The profile `plan` and `run` default to with `gpu` visible (`gpu_profile`), said on stderr;
+    None (the embedded H200 profile) without a GPU."""
+    if gpu is None:
+        return None
+    profile, why = gpu_profile(gpu)
+    click.echo(f"profile: {why} (--profile or --hardware to choose another)", err=True)
+    return profile
 
 
 def skipped_summary(skipped: list[str]) -> str:
@@ -426,6 +451,7 @@ def profile_group() -> None:
       swiftspec profile acceptance --target T --draft D       rank traces + accepted lengths
       swiftspec profile check DIR                             hold-out error of the latency model
       swiftspec profile derive --from P --hardware builtin:h100-sxm -o DIR   a profile for another GPU
+      swiftspec profile calibrate -o SPEC.json                this machine's numbers, as a hardware spec
     """
 
 
@@ -600,6 +626,31 @@ def profile_derive_cmd(source, hardware, source_hardware, weight_format, output)
     click.echo(f"wrote {output}: {prof.label}")
 
 
+@profile_group.command("calibrate")
+@click.option("-o", "--output", required=True, help="The spec JSON to write (for `profile derive --hardware` / --source-hardware).")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
+@click.option("--base", default=None,
+              help="Spec (JSON or builtin:NAME) the numbers one device cannot show come from: link_gb_s, link_us "
+                   "[default: the bundled spec of this GPU, else builtin:h200].")
+def profile_calibrate_cmd(output, device, base) -> None:
+    """Measure this machine's copy bandwidth, matmul rates (bf16, fp8 where it runs), kernel launch
+    time, memory and SMs, and write them as a hardware spec (seconds; small sizes on cpu)."""
+    check_output_file(output, "-o")
+    base_spec = HardwareSpec.load(base) if base else None
+    from swiftspec.profiler.calibrate import calibrate, check_replace
+
+    device = device_dtype(device)[0]
+    check_replace(output, device)
+    spec = calibrate(device, base_spec, log=progress_for(False))
+    atomic_write_text(output, json.dumps(spec.to_dict(), indent=2) + "\n")
+    fp8 = f"{spec.fp8_tflops:.4g} TFLOP/s" if "fp8_tflops" in spec.measured else "not measured"
+    click.echo(f"{spec.label}: copy {spec.hbm_tb_s:.4g} TB/s, matmul "
+               f"{'bf16' if spec.device == 'cuda' else 'float32'} {spec.bf16_tflops:.4g} TFLOP/s, fp8 {fp8}, "
+               f"kernel {spec.launch_us:.3g} µs, {spec.hbm_gib:.1f} GiB, {spec.sms} {'SMs' if spec.device == 'cuda' else 'threads'}")
+    click.echo(f"wrote {output} (link_gb_s, link_us: not measured, see its notes); derive between two calibrations "
+               "(--hardware, --source-hardware): the bundled specs' launch_us is not measured")
+
+
 @profile_group.command("check")
 @click.argument("folder", metavar="FOLDER|builtin:NAME")
 @click.option("--json", "as_json", is_flag=True, help="Print every held-out point as JSON.")
@@ -633,14 +684,17 @@ def profile_check_cmd(folder, as_json) -> None:
               help="replay this AcceptanceProfile's rank traces, a JSON file or builtin:NAME (synthetic acceptance; "
                    "default with random weights: the plan's)")
 @click.option("--modes", default=None, help="comma list, default: the plan's mode,serial,autoregressive")
+@click.option("--profile", "profile_dir", default=None,
+              help="profile folder or builtin:NAME the predictions come from [default on cuda: the plan's when it was "
+                   "made for this GPU, else this GPU's bundled profile (said on stderr); cpu: the plan's]")
 @click.option("-o", "--output", "out_dir", type=click.Path(), default=None, help="write the run log folder here")
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=seconds(),
               help="seconds a collective may wait / the run may make no progress before it is stopped")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @profile_loop_option
 @sampling_options
-def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, out_dir,
-            timeout_s, seed, loop, sampling) -> None:
+def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weights, acceptance, modes, profile_dir,
+            out_dir, timeout_s, seed, loop, sampling) -> None:
     """Run a plan with the asynchronous runtime, plus baselines in the same launch; measured vs predicted.
     Sampling (--temperature > 0) needs measured acceptance: --weights checkpoint, no --acceptance."""
     if out_dir:  # before the run: a path that cannot be written must not cost the measurements
@@ -648,9 +702,9 @@ def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weig
     from swiftspec.run import RunOptions, format_report, run_plan
     from swiftspec.runtime.launch import RunFailed
 
-    acceptance = resolve_builtin("acceptance", acceptance)
+    acceptance, profile_dir = resolve_builtin("acceptance", acceptance), resolve_builtin("profile", profile_dir)
     options = RunOptions(prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens, device=device,
-                         dtype=dtype, weights=weights, acceptance=acceptance,
+                         dtype=dtype, weights=weights, acceptance=acceptance, profile=profile_dir,
                          modes=tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None,
                          timeout_s=timeout_s, seed=seed, loop=loop)  # fmt: skip
     progress = progress_for(False)
@@ -681,7 +735,8 @@ def run_cmd(plan_path, prompts, num_prompts, max_new_tokens, device, dtype, weig
 @click.option("-o", "--output", "out_dir", default="figures", show_default=True, help="Folder for NAME.png and NAME.svg.")
 @click.option("--list", "list_", is_flag=True, help="List the studies with one-line descriptions.")
 def study_cmd(name, inputs, out_dir, list_) -> None:
-    """Draw figure NAME as PNG and SVG (studies in swiftspec/studies/, see studies/README.md)."""
+    """Draw figure NAME as PNG and SVG, and its data as CSV where the study writes one (studies in
+    swiftspec/studies/, see studies/README.md)."""
     from swiftspec.studies import list_studies, run_study  # imports matplotlib: only for this command
 
     if list_ or not name:
@@ -690,7 +745,7 @@ def study_cmd(name, inputs, out_dir, list_) -> None:
         for n, desc in list_studies():
             click.echo(f"{n:16s} {desc}")
         return
-    check_output_dir(out_dir, "-o", (f"{name}.png", f"{name}.svg"))
+    check_output_dir(out_dir, "-o", (f"{name}.png", f"{name}.svg", f"{name}.csv"))
     inputs = tuple(resolve_builtin("input", i) for i in inputs)
     out = run_study(name, inputs, out_dir, progress=_progress(False))
     for line in out.notes:

@@ -17,6 +17,8 @@ quickly:
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import click
 
@@ -99,6 +101,16 @@ def gpu_visible() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def visible_gpu_name() -> str | None:
+    """The first CUDA GPU's name as torch reports it ("NVIDIA H100 80GB HBM3"), or None. torch is
+    imported only where an NVIDIA driver is installed, so `plan` stays free of it elsewhere."""
+    if not (Path("/proc/driver/nvidia").exists() or shutil.which("nvidia-smi")):
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def device_dtype(device: str | None, dtype: str | None = None) -> tuple[str, str]:

@@ -27,9 +27,10 @@ from swiftspec.runtime.synthetic import rank_logprobs
 from swiftspec.runtime.vocab import shared_vocab
 from swiftspec.runtime.weights import check_checkpoints
 from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
+from swiftspec.sim.hardware import gpu_profile, same_gpu
 from swiftspec.sim.latency import LatencyModel
 from swiftspec.sim.predict_run import RunWorkload, predict_run
-from swiftspec.sim.search import load_inputs, predict_plan
+from swiftspec.sim.search import load_inputs, load_profile, predict_plan
 from swiftspec.spec import LOOPS, AcceptanceProfile, Mode, Plan, Profile, SamplingParams, Split, UserError
 
 
@@ -50,7 +51,8 @@ class RunOptions:
     is given. modes: the tasks (default: the plan's mode, serial, autoregressive). timeout_s: how
     long a collective may wait or the run make no progress. seed: random weights and rank paths.
     loop: the decoding loop, "host" or "device" (`GenerateConfig.loop`; None: the loop the plan's
-    profile measured, meta.json `loop`, host when it names none).
+    profile measured, meta.json `loop`, host when it names none). profile: what the predictions
+    come from (None: `prediction_profile`).
     """
 
     prompts: str = "builtin"
@@ -64,10 +66,26 @@ class RunOptions:
     timeout_s: float = 300.0
     seed: int = 0
     loop: str | None = None
+    profile: str | None = None
+
+
+def prediction_profile(plan_profile: str | None, plan_gpu: str | None, gpu: str | None) -> tuple[str | None, str | None]:
+    """(profile, why) a run's predictions come from when --profile is not given: on a GPU (`gpu`,
+    its name as torch reports it) the plan's profile when it was made for this GPU type
+    (`plan_gpu`, `same_gpu`), else this GPU's bundled profile (`gpu_profile`), the rule `plan`
+    and `validate` follow; without a GPU (gpu None) the plan's. why: one line for the user, None
+    where nothing changes (the plan's profile on a CPU run)."""
+    if gpu is None:
+        return plan_profile, None
+    if plan_profile is not None and plan_gpu is not None and same_gpu(plan_gpu, gpu):
+        return plan_profile, f"{plan_profile}, the plan's, made for this {gpu}"
+    profile, why = gpu_profile(gpu)
+    return profile, why + (f" (the plan's is for {plan_gpu})" if plan_gpu else "")
 
 
 def baseline_predictions(plan: Plan, tasks: list[Task], colocated: int, acceptance_path: str | None,
-                         workload: RunWorkload | None = None, seed: int = 0) -> dict[str, dict]:
+                         workload: RunWorkload | None = None, seed: int = 0,
+                         profile: str | None = None) -> dict[str, dict]:
     """Predictions per task (label -> Prediction dict), made for the run's own workload when it is given.
 
     With `workload`: every task is re-simulated on it (its prompts' lengths, `max_new_tokens`, and
@@ -88,10 +106,9 @@ def baseline_predictions(plan: Plan, tasks: list[Task], colocated: int, acceptan
             continue
         try:
             if inputs is None:
-                prof = plan.profile.path if plan.profile and not plan.profile.path.startswith("builtin") else None
                 acc = acceptance_path or (plan.acceptance.path if plan.acceptance and
                                           not plan.acceptance.path.startswith("builtin") else None)
-                inputs = load_inputs(plan.target, plan.draft, prof, acc, plan.device)
+                inputs = load_inputs(plan.target, plan.draft, profile, acc, plan.device)
             if t.mode is plan.mode:
                 split = plan.split
             else:
@@ -136,18 +153,22 @@ def run_conditions(device: str, dtype: str, weight_format: str, index: int = 0) 
 
 def not_comparable(profile: tuple[str, str, str], run: tuple[str, str, str]) -> str | None:
     """"not comparable: profile <gpu, dtype, wf> vs run <...>" when the prediction's profile was
-    measured on another device, dtype or weight format than the run's, else None: then a
-    prediction error says nothing about the latency model and is not printed as one."""
-    if profile == run:
+    measured on (or derived for) another device type, dtype or weight format than the run's, else
+    None: then a prediction error says nothing about the latency model and is not printed as one.
+    GPUs compare by type (`same_gpu`: a profile derived for "NVIDIA H100 SXM" predicts an "NVIDIA
+    H100 80GB HBM3")."""
+    if same_gpu(profile[0], run[0]) and profile[1:] == run[1:]:
         return None
     return f"not comparable: profile <{', '.join(profile)}> vs run <{', '.join(run)}>"
 
 
-def _profile_meta(plan: Plan) -> dict | None:
-    if plan.profile is None:
+def _profile_or_none(profile: str | None) -> Profile | None:
+    """The profile a path names, or None where there is none or it is not on this machine (then
+    there is no prediction to compare with either)."""
+    if profile is None:
         return None
     try:
-        return Profile.load(plan.profile.path).meta
+        return load_profile(profile)[0]
     except UserError:
         return None
 
@@ -164,8 +185,9 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
     a draft runs autoregressive and notes the baselines it leaves out), checkpoint weights
     (`check_checkpoints`: every file opened, every tensor's shape against config.json), the pair's
     vocabulary (`runtime.vocab.shared_vocab`) and the memory the ranks need (`preflight`). After:
-    `meta["comparable"]` says whether the plan's profile was measured on this run's device, dtype
-    and weight format (`not_comparable`).
+    `meta["comparable"]` says whether the predictions' profile (`options.profile`, else
+    `prediction_profile`) was measured on this run's device, dtype and weight format
+    (`not_comparable`).
     """
     o = options
     plan = Plan.load(plan_path)
@@ -182,7 +204,18 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
     if not sampling.greedy and (o.weights == "random" or o.acceptance is not None):
         raise UserError("--temperature needs measured acceptance (--weights checkpoint, no --acceptance): "
                         "with synthetic acceptance the replayed rank paths choose the tokens")
-    planned_on = _profile_meta(plan) or {"device": plan.device}
+    layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
+    gpu_index = max(layout.physical[0], 0) if device == "cuda" else 0  # the GPU the predictions are for
+    plan_profile = plan.profile.path if plan.profile is not None else None
+    profile, why = o.profile, None
+    if profile is None:
+        made_on = _profile_or_none(plan_profile)
+        gpu = run_conditions(device, dtype, "native", gpu_index)[0] if device == "cuda" else None
+        profile, why = prediction_profile(plan_profile, made_on.meta.get("gpu") if made_on else None, gpu)
+    if why and progress is not None:
+        progress(f"profile: {why} (--profile to choose another)")
+    predicted_from = load_profile(profile)[0] if o.profile else _profile_or_none(profile)  # --profile: must load
+    planned_on = predicted_from.meta if predicted_from else {"device": plan.device}
     plan = Plan.from_dict({**plan.to_dict(), "device": device})
     notes: list[str] = []
     if tasks is None:
@@ -212,7 +245,6 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
               max_new_tokens=o.max_new_tokens, device=device, dtype=dtype, weights=o.weights, seed=o.seed,
               rank_paths=paths, timeout_s=o.timeout_s, rank_logprobs=logq, weight_format=weight_format,
               sampling=sampling, vocab=vocab if plan.draft else None, loop=loop)  # fmt: skip
-    layout = Layout.from_split(plan.split, device, torch.cuda.device_count() if device == "cuda" else 0)
     if torchrun_env() is None:  # under torchrun each node's memory is its own: no check across them
         ranks = f"{layout.world} rank{'s' if layout.world > 1 else ''}"
         job.meta["memory"] = require(run_needs(job, layout), device, f"this run ({ranks})")
@@ -228,15 +260,15 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
             "device": device, "dtype": dtype, "prompts": o.prompts,
             "tokenized_with": how, "max_new_tokens": o.max_new_tokens, "colocated_ranks": len(layout.colocated),
             "world": layout.world, "shared_devices": device == "cuda" and len(set(layout.physical)) < layout.world,
-            "notes": notes, "memory": job.meta.get("memory")}
-    gpu_index = max(layout.physical[0], 0) if device == "cuda" else 0
+            "notes": notes, "memory": job.meta.get("memory"), "profile": profile,
+            "profile_label": predicted_from.label if predicted_from else None}
     label = not_comparable(profile_conditions(planned_on, plan.device),
                            run_conditions(device, dtype, weight_format, gpu_index))
     meta.update(comparable=label is None, comparability=label or "comparable: profile and run on the same "
                 "device, dtype and weight format")
     workload = RunWorkload([len(x) for x in ids], o.max_new_tokens, paths)
     return RunLog(iters, prs, meta, baseline_predictions(plan, tasks, len(layout.colocated), acc_path, workload,
-                                                         o.seed))
+                                                         o.seed, profile))
 
 
 def format_report(log) -> str:
@@ -253,6 +285,8 @@ def format_report(log) -> str:
         f"prompts: {m['prompts']} ({len(log.prompts) and log.prompts['prompt'].nunique()}, {m['tokenized_with']}), "
         f"{m['max_new_tokens']} new tokens each",
     ]
+    if m.get("profile_label"):
+        lines.append(f"predicted from: {m['profile_label']} ({m.get('profile')})")
     if any(isinstance(p, dict) and p.get("workload") == "run" for p in log.predictions.values()):
         lines.append("predicted: re-simulated for this run's workload (its prompts, length and rank paths)")
     if m.get("temperature", 0) > 0:

@@ -74,6 +74,7 @@ from swiftspec.runtime.tree import tree_slots_needed
 from swiftspec.runtime.vocab import shared_vocab, vocab_cut
 from swiftspec.runtime.weights import check_checkpoints, load_model
 from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
+from swiftspec.sim.hardware import gpu_profile
 from swiftspec.sim.latency import LatencyModel
 from swiftspec.sim.predict_run import RunWorkload, predict_run, run_trajectories
 from swiftspec.sim.profile_default import default_profile
@@ -382,20 +383,6 @@ def _default_profile(device: str) -> str | None:
         return None
     p = Path(str(resources.files("swiftspec") / "data" / "profiles" / "h200-measured"))
     return str(p) if (p / "compute.csv").exists() else None
-
-
-# the bundled profile of each GPU (its name as torch reports it contains the key), best first
-GPU_PROFILES = (("H200", "h200-measured"), ("H100", "h100-derived"))
-
-
-def gpu_profile(gpu: str) -> tuple[str, str]:
-    """(builtin:NAME, why) of the bundled profile for the GPU named `gpu` (`GPU_PROFILES`); a GPU
-    without one gets the H200's, and the reason says its predictions are for another GPU."""
-    for key, name in GPU_PROFILES:
-        if key in gpu:
-            return f"builtin:{name}", f"builtin:{name}, the bundled profile of this {gpu}"
-    return ("builtin:h200-measured", f"builtin:h200-measured: no bundled profile for {gpu}, so the predictions are "
-            "an H200's (`swiftspec profile compute` measures this GPU, `profile derive` scales one to it)")
 
 
 def _default_acceptance() -> str | None:

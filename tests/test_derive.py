@@ -113,12 +113,15 @@ def test_derived_h100_forward_is_slower_by_at_most_the_bandwidth_ratio() -> None
     ("builtin", "no bundled hardware spec"),
     ("negative", "hbm_tb_s"),
     ("not-json", "is not valid JSON"),
+    ("measured", "measured must be a list of field names"),
+    ("device", "device must be cuda or cpu"),
 ])  # fmt: skip
 def test_cli_bad_specs_exit_2(case: str, match: str, tmp_path, swiftspec_cli) -> None:
     spec = {**BASE.to_dict()}
     path = tmp_path / "spec.json"
     if case == "negative":
         spec["hbm_tb_s"] = -1
+    spec.update({"measured": {"measured": ["speed"]}, "device": {"device": "tpu"}}.get(case, {}))
     path.write_text("{nope" if case == "not-json" else json.dumps(spec))
     hw = {"missing": str(tmp_path / "none.json"), "builtin": "builtin:nope"}.get(case, str(path))
     code, out, err = swiftspec_cli("profile", "derive", "--from", "builtin:h200-measured", "--hardware", hw,

@@ -69,6 +69,7 @@ def test_an_autoregressive_winner_runs_with_its_baselines(pair, tmp_path, swifts
     assert "note: serial baseline skipped: the plan has no draft model" in text
     assert log.meta["comparable"] is True and "not comparable" not in text
     assert "%" in text.splitlines()[-1]  # the error is shown: same device, dtype and weight format
+    assert f"predicted from: measured, cpu, ? ({prof})" in text  # a CPU run: the plan's profile
 
 
 def test_run_with_the_device_loop_gives_the_host_loops_tokens(pair, tmp_path, swiftspec_cli):

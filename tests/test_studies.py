@@ -7,6 +7,7 @@ read a 40 KB subset of an H200 run log (tests/data/runlog-h200-async-mini: promp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -20,6 +21,7 @@ from swiftspec.sim.profile_default import bundled_profile_dir
 from swiftspec.spec import UserError
 from swiftspec.studies import (
     STUDIES,
+    hardware,
     list_studies,
     run_study,
     speedup_vs_gpus,
@@ -66,7 +68,7 @@ def sim_inputs():
 def test_list_names_every_study():
     names = [n for n, _ in list_studies()]
     assert names == list(STUDIES)
-    assert {"validation", "speedup-vs-gpus", "split-heatmap", "tree-budget", "timeline", "kernels"} <= set(names)
+    assert {"validation", "speedup-vs-gpus", "split-heatmap", "hardware", "tree-budget", "timeline", "kernels"} <= set(names)
     assert all(d and "\n" not in d for _, d in list_studies())
 
 
@@ -298,3 +300,37 @@ def test_cli_list_and_unknown_name():
     assert [line.split()[0] for line in res.output.strip().splitlines()] == list(STUDIES)
     res = CliRunner().invoke(cli, ["study", "nope"])
     assert isinstance(res.exception, UserError) and "unknown study 'nope'" in str(res.exception)
+
+
+def _dominates(a: pd.Series, b: pd.Series) -> bool:
+    return a.hbm_tb_s >= b.hbm_tb_s and a.bf16_tflops >= b.bf16_tflops and (a.hbm_tb_s, a.bf16_tflops) != (
+        b.hbm_tb_s, b.bf16_tflops)
+
+
+def test_hardware_across_gpus_and_counts(tmp_path):
+    """Every GPU x count is in the table and the CSV; a GPU with more bandwidth and at least the
+    math rate of another never predicts fewer tokens/s at the same count (B200 >= H200 >= H100,
+    both >= H20); more GPUs never predict fewer; the what-if parts are labelled so."""
+    out = hardware.main([], tmp_path, counts=(2, 8))
+    table = pd.read_csv(tmp_path / "hardware.csv")
+    assert sorted(zip(table["gpu"], table["gpus"])) == sorted((g, n) for g in hardware.GPU_NAMES for n in (2, 8))
+    assert table["tokens_per_s"].gt(0).all()
+    pairs = 0
+    for n, t in table.groupby("gpus"):
+        for a in t.itertuples():
+            for b in t.itertuples():
+                if _dominates(a, b):
+                    pairs += 1
+                    assert a.tokens_per_s >= b.tokens_per_s, (n, a.gpu, b.gpu)
+    assert pairs == 2 * 5  # all pairs but H100 / H20 (more bandwidth, less math)
+    by = table.set_index(["gpu", "gpus"])["tokens_per_s"]
+    assert all(by[(g, 8)] > by[(g, 2)] for g in hardware.GPU_NAMES)
+    kinds = table.drop_duplicates("gpu").set_index("gpu")["kind"].to_dict()
+    assert kinds == {"h100": "derived", "h200": "measured", "b200": "what-if (datasheet)", "h20": "what-if (datasheet)"}
+    check_written(dataclasses.replace(out, paths=out.paths[:2]), "hardware",
+                  [("GPUs", "tokens/s (predicted, best configuration)")])
+    assert out.paths[2] == tmp_path / "hardware.csv"
+    assert any(lbl.startswith("b200: derived from builtin:h200-measured for NVIDIA B200 (what-if) (datasheet)")
+               for lbl in out.labels)
+    with pytest.raises(UserError, match="not an acceptance profile JSON"):
+        hardware.main([DERIVED], tmp_path)

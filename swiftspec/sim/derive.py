@@ -16,17 +16,35 @@ over-counts) is scaled by the floors' ratio alone. Collectives split the same wa
 the link and a latency rest. Host rows are the host machine's and are copied; weight-only fp8
 GEMMs still run on bf16 tensor cores, so the bf16 rate scales their math. Every derived profile
 says `derived from <source> for <spec>` in its label.
+
+`plan --hardware NAME|FILE` plans for a GPU you do not have (`hardware_profile_ref`): its bundled
+profile where `GPUS` names one (h200: measured, h100: derived), else a profile derived when it is
+loaded (`hardware:SPEC`, `load_derived`) from `FALLBACK_PROFILE`; nothing is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+from pathlib import Path
 
 import numpy as np
 
-from swiftspec.sim.hardware import HardwareSpec
-from swiftspec.spec import ModelSpec, Profile, UserError
+from swiftspec.sim.hardware import (
+    FALLBACK_PROFILE,
+    GPUS,
+    PREFIX,
+    HardwareSpec,
+    bundled_profile,
+    bundled_specs,
+    gpu_of,
+    resolve_spec,
+)
+from swiftspec.spec import ModelSpec, Profile, SourceRef, UserError, file_sha256, profile_path
+
+# a profile reference derived when loaded: hardware:SPEC (builtin:NAME or a spec file)
+HARDWARE = "hardware:"
 
 # ops whose work scales with the model's shapes; everything else (host) is copied
 SCALED_OPS = ("forward", "layers", "embed", "lm_head", "tree_growth", "kv_compact")
@@ -135,9 +153,47 @@ def _apply(table, ratio: np.ndarray) -> None:
 
 
 def source_hardware_of(profile: Profile) -> str:
-    """The bundled spec of the GPU a profile was measured on (its meta `gpu`), as builtin:NAME."""
+    """The bundled spec of the GPU a profile was measured on (its meta `gpu`; `GPUS`), as builtin:NAME."""
     gpu = str(profile.meta.get("gpu", ""))
-    for key, name in (("H200", "h200"), ("H100", "h100-sxm")):
-        if key in gpu:
-            return f"builtin:{name}"
-    raise UserError(f"no bundled hardware spec for the profile's GPU {gpu!r}: give --source-hardware FILE")
+    row = gpu_of(gpu)
+    if row is None:
+        raise UserError(f"no bundled hardware spec for the profile's GPU {gpu!r}: give --source-hardware FILE")
+    return f"{PREFIX}{row.spec}"
+
+
+def hardware_names() -> list[str]:
+    """What `plan --hardware` takes by name: the GPUs of `GPUS`, then bundled specs beyond them."""
+    names = [g.name for g in GPUS]
+    return names + [n for n in bundled_specs() if n not in names]
+
+
+def hardware_profile_ref(text: str) -> str:
+    """The profile `plan --hardware TEXT` plans from: the GPU's best bundled profile (builtin:NAME)
+    where `GPUS` names one, else `hardware:SPEC`, derived from `FALLBACK_PROFILE` when loaded
+    (`load_derived`). TEXT: a name (`hardware_names`), builtin:NAME, or a spec JSON file, checked
+    here (one line when it is none of them)."""
+    name = text[len(PREFIX):] if text.startswith(PREFIX) else text
+    row = next((g for g in GPUS if name in (g.name, g.spec)), None)
+    if row is not None:
+        return bundled_profile(row) or f"{HARDWARE}{PREFIX}{row.spec}"
+    if name in bundled_specs():
+        return f"{HARDWARE}{PREFIX}{name}"
+    if not text.startswith(PREFIX) and Path(text).is_file():
+        HardwareSpec.load(text)  # a bad spec is one line now, before any work
+        return f"{HARDWARE}{text}"
+    what = f"hardware spec {text} does not exist" if "/" in text or text.endswith(".json") else \
+        f"unknown --hardware {text!r}"
+    raise UserError(f"{what}: choose {', '.join(hardware_names())} (bundled) or give a spec JSON file (the fields "
+                    "of `swiftspec profile derive --help`)")
+
+
+def load_derived(ref: str) -> tuple[Profile, SourceRef]:
+    """A `hardware:SPEC` reference as a profile: `FALLBACK_PROFILE` derived in memory for SPEC,
+    and its SourceRef (path `ref`; hash of the source profile and the spec; the derived label)."""
+    spec_ref = ref[len(HARDWARE):]
+    dst = HardwareSpec.load(spec_ref)
+    source = f"{PREFIX}{FALLBACK_PROFILE}"
+    src = Profile.load(source)
+    prof = derive_profile(src, HardwareSpec.load(source_hardware_of(src)), dst, source)
+    sha = hashlib.sha256((file_sha256(profile_path(source)) + file_sha256(resolve_spec(spec_ref))).encode())
+    return prof, SourceRef(path=ref, sha256=sha.hexdigest(), label=prof.label)

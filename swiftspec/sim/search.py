@@ -21,11 +21,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pandas as pd
 
 from swiftspec.sim.acceptance import AcceptanceModel, default_acceptance
 from swiftspec.sim.costs import StepCosts
+from swiftspec.sim.derive import HARDWARE, load_derived
 from swiftspec.sim.engine import (
     DEFAULT_WORKLOAD,
     SimResult,
@@ -156,6 +158,15 @@ class SearchResult:
         return self.plans[0]
 
 
+def load_profile(profile: str | Path) -> tuple[Profile, SourceRef]:
+    """A profile and its provenance: a folder, builtin:NAME, or hardware:SPEC (derived in memory,
+    `sim.derive.load_derived`)."""
+    if str(profile).startswith(HARDWARE):
+        return load_derived(str(profile))
+    prof = Profile.load(profile)
+    return prof, SourceRef(path=str(profile), sha256=file_sha256(profile_path(profile)), label=prof.label)
+
+
 def load_inputs(
     target: str = "Llama-3-70B",
     draft: str | None = "Llama-3.2-3B",
@@ -163,9 +174,9 @@ def load_inputs(
     acceptance: str | None = None,
     device: str = "cuda",
 ) -> Inputs:
-    """Read the models, the profile (a folder, or the embedded H200 profile: measured where it
-    covers both models, else derived) and the
-    acceptance profile (a JSON file, or the bundled synthetic one)."""
+    """Read the models, the profile (`load_profile`, or the embedded H200 profile: measured where it
+    covers both models, else derived) and the acceptance profile (a JSON file, or the bundled
+    synthetic one)."""
     t = ModelSpec.from_config(target)
     dspec = ModelSpec.from_config(draft) if draft else None
     if profile is None:
@@ -173,8 +184,7 @@ def load_inputs(
             raise UserError("--device cpu needs a CPU profile: give --profile DIR (from `swiftspec profile --device cpu`)")
         prof, pref = default_profile([m for m in (target, draft) if m])
     else:
-        prof = Profile.load(profile)
-        pref = SourceRef(path=str(profile), sha256=file_sha256(profile_path(profile)), label=prof.label)
+        prof, pref = load_profile(profile)
     pdev = prof.meta.get("device", "cuda")
     if pdev != device:
         raise UserError(f"profile {pref.path} was measured on {pdev}, but --device is {device}: give a {device} profile")

@@ -21,6 +21,7 @@ STUDIES = {
     "validation": "swiftspec.studies.validation",
     "speedup-vs-gpus": "swiftspec.studies.speedup_vs_gpus",
     "split-heatmap": "swiftspec.studies.split_heatmap",
+    "hardware": "swiftspec.studies.hardware",
     "tree-budget": "swiftspec.studies.tree_budget",
     "timeline": "swiftspec.studies.timeline",
     "kernels": "swiftspec.studies.kernels",
