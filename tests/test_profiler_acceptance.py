@@ -101,7 +101,7 @@ def test_fp8_draft_of_the_target_measures_fp8_fidelity(make_checkpoint, prompts_
     both = profile_acceptance(ckpt, ckpt, weight_format="fp8", **kw)
     assert all(r == 0 for t in both.traces for r in t) and both.meta["target_name"] == f"{ckpt.name}-fp8"
     with pytest.raises(UserError, match="--draft-weight-format must be one of"):
-        profile_acceptance(ckpt, ckpt, draft_weight_format="int4", **kw)
+        profile_acceptance(ckpt, ckpt, draft_weight_format="int3", **kw)
 
 
 def test_ranks_match_transformers_teacher_forcing(make_checkpoint, prompts_file):

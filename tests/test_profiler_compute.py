@@ -285,4 +285,4 @@ def test_fp8_profile_is_labelled_and_kept_apart(cpu_profile, make_checkpoint, tm
                         options=ComputeOptions(host=False, weight_format="fp8"))  # fmt: skip
     with pytest.raises(UserError, match="--weight-format must be one of"):
         profile_compute([str(ckpt)], tmp_path / "x", device="cpu", grid=grid, timing=FAST, progress=False,
-                        options=ComputeOptions(host=False, weight_format="int4"))  # fmt: skip
+                        options=ComputeOptions(host=False, weight_format="int3"))  # fmt: skip
