@@ -151,10 +151,11 @@ _SHAPES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, nu
 def _logits(model, ids: list[int]) -> torch.Tensor:
     from swiftspec.runtime.kv_cache import KVCache
 
-    t = len(ids)
-    cache = KVCache(model.spec, model.shard, 64, model.device, model.dtype)
-    pos = torch.arange(t)
-    return model(torch.tensor(ids), pos, cache, pos, 0, torch.tril(torch.ones(t, t, dtype=torch.bool)))
+    t, dev = len(ids), model.device
+    cache = KVCache(model.spec, model.shard, 64, dev, model.dtype)
+    pos = torch.arange(t, device=dev)
+    return model(torch.tensor(ids, device=dev), pos, cache, pos, 0,
+                 torch.tril(torch.ones(t, t, dtype=torch.bool, device=dev)))
 
 
 @pytest.fixture(scope="module")
@@ -312,3 +313,32 @@ def test_plan_on_the_int4_profile_is_labelled_and_faster(swiftspec_cli):
     assert doc["rows"][0]["tokens_per_s_mean"] > json.loads(out2)["rows"][0]["tokens_per_s_mean"]
     code, _, err = swiftspec_cli("profile", "derive", "--from", "builtin:h200-measured", "-o", "/tmp/never-written")
     assert code == 2 and "nothing to derive" in err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
+def test_w4a16_on_the_gpu_equals_reference_at_llama_8b_shapes(n, k):
+    gen = torch.Generator("cuda").manual_seed(n + k)
+    w4 = quantize_int4(torch.randn(n, k, generator=gen, device="cuda") * 0.02, 128)
+    for rows in (1, 16, 64, 256):
+        x = torch.randn(rows, k, generator=gen, device="cuda").bfloat16()
+        ref = gemv_ref(x, w4).float()
+        for launch in (GemvLaunch(), GemvLaunch(unpack=1)):
+            got = gemv(x, w4, launch=launch).float()
+            assert (got - ref).abs().max().item() <= 1.6e-2 * max(1.0, ref.abs().max().item()), (rows, launch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_int4_model_on_the_gpu_kernels_equals_its_reference_path(native_and_awq):
+    """The AWQ model in bf16 on the GPU: the runtime's kernels (W4A16 with its epilogues, PDL)
+    against the torch reference path (dequantized weights, `F.linear`)."""
+    _, dst = native_and_awq
+    ref = load_model(dst, device="cuda", dtype=torch.bfloat16, kernels=KernelConfig(weight_format="int4"))
+    fast = load_model(dst, device="cuda", dtype=torch.bfloat16,
+                      kernels=KernelConfig.resolve("cuda", weight_format="int4"))
+    assert fast.kernels.linear == "triton" and fast.kernels.weight_format == "int4"
+    ids = [7, 8, 9, 100]
+    a, b = _logits(fast, ids).float(), _logits(ref, ids).float()
+    assert (a - b).abs().max() <= 0.05 * b.abs().max()
