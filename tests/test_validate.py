@@ -334,18 +334,19 @@ def test_summary_splits_the_error_into_forwards_and_host():
     assert "forward_median_abs_error_pct" not in summarize(rows.drop(columns="measured_host_ms"))
 
 
-def test_fp8_profile_is_validated_on_fp8_models(make_checkpoint, tmp_path):
-    """A profile measured with fp8 weights (meta weight_format "fp8") runs its configurations on
-    fp8 models: the log and the report say so, and the format is not flagged as a kernel mismatch."""
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_quantized_profile_is_validated_on_quantized_models(make_checkpoint, tmp_path, fmt):
+    """A profile measured with fp8 or int4 weights (meta weight_format) runs its configurations on
+    such models: the log and the report say so, and the format is not flagged as a kernel mismatch."""
     target, draft, _ = _pair(make_checkpoint, tmp_path)
-    prof = _profile([target.name, draft.name], tmp_path / "fp8prof", weight_format="fp8")
+    prof = _profile([target.name, draft.name], tmp_path / f"{fmt}prof", weight_format=fmt)
     said = []
     rep = validate(SweepOptions(device="cpu", pairs=((str(target), str(draft)),), weights="checkpoint",
                    configs=2, prompts=1, max_new_tokens=4), profile=prof, calibrate=False, log=said.append)
-    assert rep.meta["weight_format"] == "fp8"
-    assert "fp8 weights" in rep.meta["profile_label"]
+    assert rep.meta["weight_format"] == fmt
+    assert f"{fmt} weights" in rep.meta["profile_label"]
     assert not rep.meta.get("profile_kernel_mismatch")
-    assert any("checkpoint weights, fp8)" in line for line in said), said
+    assert any(f"checkpoint weights, {fmt})" in line for line in said), said
     assert (rep.rows["measured_tokens_per_s"] > 0).all()
 
 
