@@ -207,7 +207,7 @@ class Transformer(nn.Module):
         # "fp8": the GEMM weights (qkv, o, gate/up, down, LM head) in float8 e4m3 with a scale per
         # row, quantized as they are filled (`set_gemm_weight`), so the model-dtype copy never exists
         self.weight_format = weight_format
-        self._dequantized: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # CPU fp8 only: see `_lin`
+        self._dequantized: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # CPU fp8 / int4: see `_lin`
         if weight_format == "int4":
             _check_int4_shapes(spec, self.shard)
         self.layers = nn.ModuleList(Layer(spec, self.shard, device, dtype, weight_format) for _ in range(spec.num_layers))
@@ -256,8 +256,8 @@ class Transformer(nn.Module):
         linear `kernels.gemv` (a pure weight stream) for forwards of at most `linear_max_rows` tokens
         (default `gemv.MAX_ROWS`; up to `gemv.MAX_ROWS_DOT`), `F.linear` above that; fp8 and int4
         weights take it for every forward up to `gemv.MAX_ROWS_FP8` / `MAX_ROWS_INT4`, above that
-        their dequantized copy. The choice is per forward shape, so a captured graph holds one. Where the skinny linear runs, its epilogues save a launch each:
-        fold_norm the residual add + RMSNorm before the qkv, gate/up and LM-head GEMMs (once
+        their dequantized copy. The choice is per forward shape, so a captured graph holds one.
+        Where the skinny linear runs, its epilogues save a launch each: fold_norm the residual add + RMSNorm before the qkv, gate/up and LM-head GEMMs (once
         `fold_norms` has folded the norm weights into them), swiglu silu(gate) * up after gate/up,
         rope RoPE + the KV-cache write after qkv."""
         self._gemv, self._gemv_rows, self._gemv_quant_rows = None, 0, 0
