@@ -324,7 +324,8 @@ class ModelSpec:
         )
 
     def shard(self, tp: int) -> Shard:
-        """Per-rank head/ffn/vocab counts at TP degree `tp` (zero-padded where tp does not divide)."""
+        """Per-rank head/ffn/vocab counts at TP degree `tp` (zero-padded where tp does not divide;
+        int4: ffn padded to whole groups)."""
         if tp < 1:
             raise UserError(f"TP degree must be >= 1, got {tp}")
         group = self.num_heads // self.num_kv_heads  # query heads per KV head
@@ -339,11 +340,14 @@ class ModelSpec:
             # pad whole KV groups (KV head + its query heads) with zeros up to a multiple of tp
             kv_local = math.ceil(self.num_kv_heads / tp)
             q_local = kv_local * group
+        ffn = math.ceil(self.ffn / tp)
+        if self.weight_format == "int4":  # whole groups per rank: the down projection's inputs pack
+            ffn = math.ceil(ffn / self.group_size) * self.group_size
         return Shard(
             tp=tp,
             q_heads=q_local,
             kv_heads=kv_local,
-            ffn=math.ceil(self.ffn / tp),
+            ffn=ffn,
             vocab=math.ceil(self.vocab / tp),
         )
 

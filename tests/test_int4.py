@@ -342,3 +342,21 @@ def test_int4_model_on_the_gpu_kernels_equals_its_reference_path(native_and_awq)
     ids = [7, 8, 9, 100]
     a, b = _logits(fast, ids).float(), _logits(ref, ids).float()
     assert (a - b).abs().max() <= 0.05 * b.abs().max()
+
+
+def test_int4_shards_hold_whole_groups_for_the_bundled_models():
+    """int4 pads each rank's ffn to whole groups, so every bundled model quantizes with groups of
+    128 at every TP degree of a node, and the padded ffn still covers the model's."""
+    import dataclasses
+
+    from swiftspec.catalog import catalog
+    from swiftspec.runtime.weights import rtn_group_size
+
+    names = [m["name"] for m in catalog()["models"]]
+    assert {"Llama-3-70B", "Qwen2-72B", "Llama-3.2-1B", "Qwen2-1.5B"} <= set(names)
+    for name in names:
+        spec = dataclasses.replace(ModelSpec.from_config(name), weight_format="int4")
+        for tp in (1, 2, 4, 6, 8):
+            sh = spec.shard(tp)
+            assert sh.ffn % 128 == 0 and sh.ffn * tp >= spec.ffn and sh.ffn - -(-spec.ffn // tp) < 128
+            assert rtn_group_size(spec, tp) == 128, (name, tp)
