@@ -222,8 +222,8 @@ def plan(gpus, target, draft, profile_dir, hardware, acceptance, modes, draft_gp
 
 
 def _gpu_default_profile(gpu: str | None) -> str | None:
-    """The profile `plan` and `run` default to with `gpu` visible (`gpu_profile`), said on stderr;
-    None (the embedded H200 profile) without a GPU."""
+    """The profile `plan` defaults to with `gpu` visible (`gpu_profile`, the rule `run` and
+    `validate` follow too), said on stderr; None (the embedded H200 profile) without a GPU."""
     if gpu is None:
         return None
     profile, why = gpu_profile(gpu)
@@ -634,7 +634,7 @@ def profile_derive_cmd(source, hardware, source_hardware, weight_format, output)
                    "[default: the bundled spec of this GPU, else builtin:h200].")
 def profile_calibrate_cmd(output, device, base) -> None:
     """Measure this machine's copy bandwidth, matmul rates (bf16, fp8 where it runs), kernel launch
-    time, memory and SMs, and write them as a hardware spec (seconds; small sizes on cpu)."""
+    time, memory and SMs, and write them as a hardware spec (small sizes on cpu, for tests)."""
     check_output_file(output, "-o")
     base_spec = HardwareSpec.load(base) if base else None
     from swiftspec.profiler.calibrate import calibrate, check_replace

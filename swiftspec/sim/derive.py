@@ -17,9 +17,9 @@ the link and a latency rest. Host rows are the host machine's and are copied; we
 GEMMs still run on bf16 tensor cores, so the bf16 rate scales their math. Every derived profile
 says `derived from <source> for <spec>` in its label.
 
-`plan --hardware NAME|FILE` plans for a GPU you do not have (`hardware_profile_ref`): its bundled
-profile where `GPUS` names one (h200: measured, h100: derived), else a profile derived when it is
-loaded (`hardware:SPEC`, `load_derived`) from `FALLBACK_PROFILE`; nothing is written.
+`plan --hardware NAME|FILE` plans for a GPU you do not have (`hardware_profile_ref`): its best
+bundled profile where `GPUS` names one, else a profile derived from `FALLBACK_PROFILE` when it is
+loaded (`hardware:SPEC`, `load_derived`); nothing is written.
 """
 
 from __future__ import annotations
