@@ -5,6 +5,8 @@ The copy is what AutoAWQ's GEMM layout holds (qweight / qzeros / scales per proj
 "version": "gemm"}), with round-to-nearest quantization instead of AWQ's activation-aware search:
 the same loader reads both, and a model quantized while loading (`--weight-format int4`) at the
 same group size holds the same numbers. Embedding, norms, biases and LM head are copied as they are.
+The copy is built in memory and written as one file: meant for the small models of tests and
+quality checks (SmolLM2-135M: ≈ 1 s), not for 70B checkpoints.
 """
 
 from __future__ import annotations
