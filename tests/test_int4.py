@@ -158,6 +158,17 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
                  torch.tril(torch.ones(t, t, dtype=torch.bool, device=dev)))
 
 
+def _rtn_reference(src, group: int):
+    """The native model of `src` with every projection replaced by its dequantized RTN weight."""
+    ref = load_model(src)
+    with torch.no_grad():
+        for layer in ref.layers:
+            for name in ("wqkv", "wo", "w13", "w2"):
+                w = getattr(layer, name)
+                w.copy_(awq_dequantize(quantize_rtn(w, group)))
+    return ref
+
+
 @pytest.fixture(scope="module")
 def native_and_awq(make_checkpoint, tmp_path_factory):
     src = make_checkpoint("llama", **_SHAPES)
@@ -174,14 +185,8 @@ def test_awq_checkpoint_loads_as_int4_and_equals_rtn_of_the_native_model(native_
     assert spec.weight_format == "int4" and spec.group_size == 32
     awq = load_model(dst)
     assert awq.weight_format == "int4" and awq.layers[0].wqkv.dtype == torch.int32
-    ref = load_model(src)
-    with torch.no_grad():
-        for layer in ref.layers:
-            for name in ("wqkv", "wo", "w13", "w2"):
-                w = getattr(layer, name)
-                w.copy_(awq_dequantize(quantize_rtn(w, 32)))
     ids = [5, 17, 200, 3, 99]
-    want = _logits(ref, ids)
+    want = _logits(_rtn_reference(src, 32), ids)
     assert torch.allclose(_logits(awq, ids), want, atol=1e-4, rtol=1e-4)
     native = _logits(load_model(src), ids)
     assert (native - want).abs().max() > 1e-3  # the quantization does change the model
@@ -269,6 +274,30 @@ def test_awq_checkpoint_at_tp2_gives_the_tp1_tokens(native_and_awq):
               prompts=prompts, max_new_tokens=10, timeout_s=90)
     got = sorted(launch(job)[0]["prompts"], key=lambda r: r["prompt"])
     assert [r["tokens"] for r in got] == want
+
+
+def test_qwen2_awq_checkpoint_keeps_its_biases_and_slices_at_tp2(make_checkpoint, tmp_path):
+    """Qwen2 (q/k/v biases stay in the model dtype, as AWQ keeps them): the AWQ copy's logits equal
+    the RTN reference with the native biases, and serial speculation at TP 2 (gloo) gives the copy's
+    TP-1 greedy tokens."""
+    from swiftspec.runtime.engine import Job, Task
+    from swiftspec.runtime.generate import generate_from_checkpoints
+    from swiftspec.runtime.launch import launch
+    from swiftspec.spec import Mode, Split, TreePolicy
+
+    src = make_checkpoint("qwen2", **_SHAPES)
+    awq = write_awq_checkpoint(src, tmp_path / "qwen2-int4-g32", group_size=32)
+    spec = ModelSpec.from_config(awq)
+    assert spec.architecture == "qwen2" and spec.qkv_bias and spec.weight_format == "int4"
+    model = load_model(awq)
+    assert model.layers[0].bqkv.abs().sum() > 0 and model.layers[0].bqkv.dtype == model.dtype
+    ids = [5, 17, 200, 3, 99]
+    assert torch.allclose(_logits(model, ids), _logits(_rtn_reference(src, 32), ids), atol=1e-4, rtol=1e-4)
+    prompt = [5, 17, 99, 3]
+    want = generate_from_checkpoints(awq, mode="autoregressive", prompt=prompt, max_new_tokens=10, eos=False).tokens
+    job = Job(target=str(awq), draft=str(src), split=Split.shared(2), tasks=[Task(Mode.serial, TreePolicy(6, 2, 2))],
+              prompts=[prompt], max_new_tokens=10, timeout_s=90)
+    assert launch(job)[0]["prompts"][0]["tokens"] == want
 
 
 def test_derived_int4_profile_recomputes_the_forwards_weight_bytes():
