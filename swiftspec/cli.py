@@ -19,7 +19,7 @@ from dataclasses import replace
 import click
 from tqdm import tqdm
 
-from swiftspec.catalog import catalog, catalog_text, profile_device, resolve_builtin
+from swiftspec.catalog import bundled_profiles, catalog, catalog_text, profile_device, resolve_builtin
 from swiftspec.files import atomic_write_text, check_output_dir, check_output_file, folder_lock
 from swiftspec.options import (
     BS,
@@ -98,6 +98,7 @@ def main() -> None:
 # ---- plan / simulate (swiftspec.sim) ------------------------------------------------------
 
 HARDWARE_NAMES = hardware_names()
+PROFILE_NAMES = " | ".join(f"builtin:{name}" for name in bundled_profiles())
 
 _PLAN_COLUMNS = {
     "rank": "#", "mode": "mode", "split": "draft/target", "policy": "tree", "tokens_per_s_mean": "tok/s",
@@ -125,8 +126,7 @@ def _progress(as_json: bool):
 @click.option("--target", default="Llama-3-70B", show_default=True, help="Bundled model name or checkpoint folder.")
 @click.option("--draft", default="Llama-3.2-3B", show_default=True, help="Bundled model name or checkpoint folder.")
 @click.option("--profile", "profile_dir", default=None,
-              help="Profile folder, or builtin:h200-measured | builtin:h200-fp8 (weight-only fp8 models) | "
-                   "builtin:h100-derived | builtin:h200-derived [default: with a GPU visible, its bundled profile "
+              help=f"Profile folder, or {PROFILE_NAMES} [default: with a GPU visible, its bundled profile "
                    "(said on stderr); else the embedded H200 profile, measured where it covers both models, else "
                    "derived]; `swiftspec list` shows what each covers.")
 @click.option("--hardware", default=None,
