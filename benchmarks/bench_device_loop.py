@@ -10,6 +10,9 @@ to pass, and the script records per decode:
     loop its own two graphs per iteration (events around each replay);
   * tokens/s of the decode (prefill excluded), and whether both loops produced the same tokens.
 
+Per configuration it also gives the bound on any loop's speedup: the host loop's iteration time
+over its device time (every host millisecond removed, the forwards unchanged).
+
 Output: `device_loop.csv` (one row per decode) and `device_loop.json` (per configuration: median
 host ms of each loop, the paired tokens/s ratio, plus the machine's metadata).
 Usage: PYTHONPATH=. python benchmarks/bench_device_loop.py --out DIR [--configs N] [--prompts 3]
@@ -146,6 +149,8 @@ def main() -> None:
                         "tokens_per_s_host_loop": float(h["tokens_per_s"].median()),
                         "tokens_per_s_device_loop": float(d["tokens_per_s"].median()),
                         "speedup_paired_median": float(np.median(ratio)),
+                        # what no loop can beat: the host loop's iteration with its host time at zero
+                        "speedup_zero_host_bound": float(h["iteration_ms"].median() / h["device_ms"].median()),
                         "same_tokens": bool(g["same_tokens"].all())})
     doc = {"meta": {**run_metadata(device), "command": " ".join(sys.argv), "weights": "random",
                     "acceptance": f"synthetic (replay of {Path(acc_path).name if acc_path else 'builtin'})",
