@@ -8,10 +8,11 @@ For each linear of a Llama-3-8B layer (qkv 6144 x 4096, o 4096 x 4096, gate/up 2
 does (a CUDA graph of calls rotating over enough weight copies to stream cold weights past the L2):
 bf16 weights through the skinny linear's default (`gemv`, up to 256 rows) and cuBLAS (`F.linear`);
 fp8 weights through their default; int4 weights (`quantize_int4`, groups of 128) through the
-default and, unless --quick, the variants: the packed tile widened per element (`unpack1`) and K
-split 1 / 2 / 4 / 8 ways (`k1`...). floor_us = the variant's weight bytes (int4: packed ints + fp16
-scales + zeros) / the device-to-device copy bandwidth measured in the same run. Every variant is
-checked against float32 products of the weights it stands for (rel_err).
+default and, unless --quick, the variants: 256-wide K steps (two groups a tile, so every slice is
+dequantized instead of the group's scale applied once, `bk256`), K split 1 / 2 / 4 / 8 ways
+(`k1`...) and 64 weight rows over 4 warps a program (`bn64`). floor_us = the variant's weight
+bytes (int4: packed ints + fp16 scales + zeros) / the device-to-device copy bandwidth measured in
+the same run. Every variant is checked against float32 products of the weights it stands for (rel_err).
 Writes DIR/bench_w4a16.csv and DIR/bench_w4a16.json (run_metadata, copy bandwidth, rows).
 """
 
@@ -41,9 +42,9 @@ L2_BYTES = 60 << 20
 def _variants(quick: bool) -> dict[str, GemvLaunch]:
     out = {"int4_default": GemvLaunch()}
     if not quick:
-        out["int4_unpack1"] = GemvLaunch(unpack=1)
+        out["int4_bk256"] = GemvLaunch(block_k=256)
         out.update({f"int4_k{k}": GemvLaunch(split_k=k) for k in (1, 2, 4, 8)})
-        out["int4_bn128"] = GemvLaunch(block_n=128, num_warps=8)
+        out["int4_bn64"] = GemvLaunch(block_n=64, num_warps=4)
     return out
 
 

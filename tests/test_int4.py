@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swiftspec.kernels.gemv import Epilogue, GemvLaunch, RopeKV, gemv, gemv_ref
+from swiftspec.kernels.gemv import INT4_TILE_ROWS, Epilogue, GemvLaunch, RopeKV, gemv, gemv_ref
 from swiftspec.kernels.int4 import (
     AWQ_ORDER,
     awq_dequantize,
@@ -96,19 +96,19 @@ def _tol(dtype: torch.dtype, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [1, 5, 16, 33])
+@pytest.mark.parametrize("rows", [1, 5, 16, 33, 131])
 @pytest.mark.parametrize("group", [32, 128])
 @interpreted
 def test_w4a16_equals_reference(dtype, rows, group):
-    """Random int4 weights (odd N: a partial column block), bias on, split K both ways, both ways
-    of widening the packed tile."""
+    """Random int4 weights (odd N: a partial column block), bias on, split K both ways; a tile of
+    one group (bf16 / fp16: scale and zero applied per tile) and of two (dequantized per slice)."""
     gen = torch.Generator().manual_seed(rows * 7 + group)
     n, k = 72, 256
     w4 = quantize_int4(torch.randn(n, k, generator=gen), group)
     x = torch.randn(rows, k, generator=gen).to(dtype)
     bias = torch.randn(n, generator=gen).to(dtype)
     ref = gemv_ref(x, w4, bias)
-    for launch in (GemvLaunch(), GemvLaunch(unpack=1, split_k=2), GemvLaunch(split_k=1, block_k=64)):
+    for launch in (GemvLaunch(), GemvLaunch(split_k=2), GemvLaunch(split_k=1, block_k=256)):
         got = gemv(x, w4, bias, launch=launch)
         assert got.dtype == dtype and got.shape == (rows, n)
         assert (got.float() - ref.float()).abs().max().item() <= _tol(dtype, ref), launch
@@ -134,6 +134,16 @@ def test_w4a16_epilogues_equal_the_unfused_ops():
     q_ref = rope_kv(gemv(x, wqkv), cos, sin, slots, caches[2], caches[3], hq, hkv)
     assert torch.allclose(q, q_ref, atol=1e-5)
     assert torch.allclose(caches[0], caches[2], atol=1e-5) and torch.allclose(caches[1], caches[3], atol=1e-5)
+    # more rows than one launch takes (INT4_TILE_ROWS): each launch gets its rows' cos, sin and slots
+    t = INT4_TILE_ROWS + 3
+    x = torch.randn(t, k, generator=gen)
+    ang = torch.rand(t, d, generator=gen)
+    cos, sin, slots = ang.cos(), ang.sin(), torch.randperm(t + 5, generator=gen)[:t]
+    caches = [torch.zeros(hkv, t + 5, d) for _ in range(4)]
+    q = gemv(x, wqkv, epilogue=Epilogue(rope=RopeKV(cos, sin, slots, caches[0], caches[1], hq, hkv)))
+    q_ref = rope_kv(gemv(x, wqkv), cos, sin, slots, caches[2], caches[3], hq, hkv)
+    assert torch.allclose(q, q_ref, atol=1e-5) and torch.allclose(caches[0], caches[2], atol=1e-5)
+    assert torch.allclose(caches[1], caches[3], atol=1e-5) and caches[0].abs().sum() > 0
 
 
 def test_w4a16_refuses_what_it_cannot_run():
@@ -353,7 +363,7 @@ def test_w4a16_on_the_gpu_equals_reference_at_llama_8b_shapes(n, k):
     for rows in (1, 16, 64, 256):
         x = torch.randn(rows, k, generator=gen, device="cuda").bfloat16()
         ref = gemv_ref(x, w4).float()
-        for launch in (GemvLaunch(), GemvLaunch(unpack=1)):
+        for launch in (GemvLaunch(), GemvLaunch(block_k=256)):
             got = gemv(x, w4, launch=launch).float()
             assert (got - ref).abs().max().item() <= 1.6e-2 * max(1.0, ref.abs().max().item()), (rows, launch)
 

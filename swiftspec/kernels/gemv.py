@@ -20,7 +20,7 @@ The model runs it with `KernelConfig.linear` "triton" (the CUDA default) for for
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,7 @@ MAX_ROWS_FP8 = MAX_ROWS_DOT  # fp8 weights: every forward (cuBLAS has no bf16 x 
 SPLIT_RULES = ((32, 4096, 4), (40, 8192, 2))
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
+INT4_TILE_ROWS = 128  # int4 rows per launch: a 256-row tile spills registers (sm_90)
 MAX_ROWS_INT4 = MAX_ROWS_DOT  # int4 weights: every forward up to a prefill chunk (no int4 GEMM in torch)
 
 
@@ -69,7 +70,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 @triton.jit
 def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
-                       SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr, UNPACK: tl.constexpr,
+                       SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
                        HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
@@ -90,7 +91,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     # tile row 2i is column c of a head, row 2i + 1 column c + HALF (pair j = the program's i-th),
     # so the epilogue rotates its pairs (`_rope_store`) and writes q to Y, k and v to the caches.
     # INT4: W is packed int4 (N, K / 8) int32 with scales SZ and zero points ZP (N, K / GROUP)
-    # float16 (`kernels.int4.Int4Weight`); each tile is dequantized in registers (`_load_w`).
+    # float16 (`kernels.int4.Int4Weight`), taken a tile at a time by `_int4_tile`.
     rows = tl.arange(0, BLOCK_M)
     ok_m = rows < M
     if SWIGLU or ROPE:
@@ -111,14 +112,14 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     acc_r = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # RMS with HAS_RES: w @ RES.T
     sq = tl.zeros((BLOCK_K, BLOCK_M), dtype=tl.float32)  # RMS: squares of h, summed over K at the end
     k_first = k_lo
-    if PDL == 1:
+    if PDL == 1 and not INT4:
         # Early PDL: the weights are static, so start streaming the first tile before waiting for
         # the kernel that writes x; its DRAM latency overlaps that kernel's tail (see pdl.py).
         k_first = k_lo + BLOCK_K
         ks = k_lo + tl.arange(0, BLOCK_K)
         ok = (ks < k_hi)[:, None] & ok_m[None, :]
-        w = _load_w(W, SZ, ZP, cols, k_lo, k_hi, ok_n, stride_w, stride_s, X.dtype.element_ty, INT4, GROUP, UNPACK,
-                    BLOCK_N, BLOCK_K)
+        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & (ks < k_hi)[None, :],
+                    other=0.0)
         grid_sync(PDL)
         xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)
         acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
@@ -127,16 +128,20 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     else:
         grid_sync(PDL)
     for k0 in range(k_first, k_hi, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        ok_k = ks < k_hi
-        w = _load_w(W, SZ, ZP, cols, k0, k_hi, ok_n, stride_w, stride_s, X.dtype.element_ty, INT4, GROUP, UNPACK,
-                    BLOCK_N, BLOCK_K)  # (BLOCK_N, BLOCK_K)
-        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
-                     other=0.0)  # (BLOCK_K, BLOCK_M)
-        acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
-        if RMS:
-            acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok_k[:, None] & ok_m[None, :], stride_r,
-                                  IEEE, UPCAST, HAS_RES)
+        if INT4:
+            acc = _int4_tile(W, SZ, ZP, X, acc, cols, rows, ok_n, ok_m, k0, k_hi, stride_w, stride_s, stride_x, GROUP,
+                             BLOCK_K, IEEE, UPCAST)
+        else:
+            ks = k0 + tl.arange(0, BLOCK_K)
+            ok_k = ks < k_hi
+            w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & ok_k[None, :],
+                        other=0.0)  # (BLOCK_N, BLOCK_K)
+            xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_k[:, None] & ok_m[None, :],
+                         other=0.0)  # (BLOCK_K, BLOCK_M)
+            acc = _dot(w, xt, acc, IEEE, UPCAST, F16, X_F16)
+            if RMS:
+                acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok_k[:, None] & ok_m[None, :],
+                                      stride_r, IEEE, UPCAST, HAS_RES)
     grid_release(PDL)  # late PDL: the next kernel may launch during this epilogue
     if RMS:
         acc += acc_r
@@ -170,38 +175,57 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
 
 
 @triton.jit
-def _load_w(W, SZ, ZP, cols, k0, k_hi, ok_n, stride_w, stride_s, dtype: tl.constexpr, INT4: tl.constexpr,
-            GROUP: tl.constexpr, UNPACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The weight tile (BLOCK_N, BLOCK_K) of rows `cols`, inputs k0 + arange(BLOCK_K) below k_hi, as stored
-    (INT4 False) or dequantized to `dtype`: (q - z) * s in float32 (exact), rounded once. UNPACK
-    0: the tile's BLOCK_K / 8 int32 per row are loaded once and widened by shifts and a reshape;
-    1: every element loads its int32 (8 loads of each, served by L1) and shifts its own nibble."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    ok_k = ks < k_hi
-    if INT4:
-        if UNPACK == 0:
-            kp = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + kp[None, :],
-                        mask=ok_n[:, None] & (kp * 8 < k_hi)[None, :], other=0)  # K and k_hi are multiples of 8
-            q = tl.reshape((p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
-        else:
-            p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + (ks // 8)[None, :],
-                        mask=ok_n[:, None] & ok_k[None, :], other=0)
-            q = (p >> ((ks % 8) * 4)[None, :]) & 0xF
-        if BLOCK_K <= GROUP:  # one group per tile (GROUP is a multiple of BLOCK_K): a scale per row
-            g = k0 // GROUP
-            s = tl.load(SZ + cols * stride_s + g, mask=ok_n, other=0.0).to(tl.float32)[:, None]
-            z = tl.load(ZP + cols * stride_s + g, mask=ok_n, other=0.0).to(tl.float32)[:, None]
-        else:
-            gk = (ks // GROUP)[None, :]
-            ok = ok_n[:, None] & ok_k[None, :]
-            s = tl.load(SZ + cols[:, None] * stride_s + gk, mask=ok, other=0.0).to(tl.float32)
-            z = tl.load(ZP + cols[:, None] * stride_s + gk, mask=ok, other=0.0).to(tl.float32)
-        w = ((q.to(tl.float32) - z) * s).to(dtype)
+def _int4_tile(W, SZ, ZP, X, acc, cols, rows, ok_n, ok_m, k0, k_hi, stride_w, stride_s, stride_x, GROUP: tl.constexpr,
+               BLOCK_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc (BLOCK_N, BLOCK_M) += the int4 weight tile of rows `cols`, inputs k0 + arange(BLOCK_K)
+    below k_hi, @ the x tile of the same inputs.
+
+    Packed int32 j of a row holds inputs 8j..8j+7 (nibble i: input 8j + i), so the tile is taken
+    as 8 slices, slice i = nibble i of every pack (inputs k0 + 8 arange(BLOCK_K / 8) + i), each
+    dotted with the x rows of its own inputs: a sum over K may add in any order, and the packed
+    tile is never reshaped (a reshape of the unpacked tile costs a layout shuffle and spills).
+    One group per tile (BLOCK_K <= GROUP) and bf16 / fp16 x: a slice enters the tensor cores as
+    the exact integers q - z, made without a conversion instruction: the bits q OR those of
+    off = 128 (bf16) / 1024 (fp16) are the number off + q, minus off + z in x's dtype (zero points
+    are integers: the format packs them in 4 bits); the group's scale applies once per tile to the
+    float32 sum. Otherwise (float32 x, groups narrower than the tile) each slice is dequantized,
+    (q - z) * s with its packs' scales and zeros, rounded to x's dtype."""
+    KP: tl.constexpr = BLOCK_K // 8
+    dtype: tl.constexpr = X.dtype.element_ty
+    FACTOR: tl.constexpr = (BLOCK_K <= GROUP) and (dtype != tl.float32)
+    kp = k0 // 8 + tl.arange(0, KP)
+    ok_p = kp * 8 < k_hi  # K and k_hi are multiples of 8
+    p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + kp[None, :], mask=ok_n[:, None] & ok_p[None, :], other=0)
+    if FACTOR:
+        s = tl.load(SZ + cols * stride_s + k0 // GROUP, mask=ok_n, other=0.0).to(tl.float32)
+        z = tl.load(ZP + cols * stride_s + k0 // GROUP, mask=ok_n, other=0.0).to(tl.float32)
+        part = tl.zeros(acc.shape, dtype=tl.float32)
+        off_z = (z + (128.0 if dtype == tl.bfloat16 else 1024.0))[:, None]  # exact in x's dtype
+        if not UPCAST:  # subtract in x's dtype, two at a time (`_interpreted_bf16`: not interpreted)
+            off_z = off_z.to(dtype)
     else:
-        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :], mask=ok_n[:, None] & ok_k[None, :],
-                    other=0.0)
-    return w
+        ok = ok_n[:, None] & ok_p[None, :]
+        gk = (kp * 8) // GROUP
+        s = tl.load(SZ + cols[:, None] * stride_s + gk[None, :], mask=ok, other=0.0).to(tl.float32)
+        z = tl.load(ZP + cols[:, None] * stride_s + gk[None, :], mask=ok, other=0.0).to(tl.float32)
+    for i in tl.static_range(8):
+        q = (p >> (4 * i)) & 0xF  # (BLOCK_N, KP)
+        ks = kp * 8 + i
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_p[:, None] & ok_m[None, :],
+                     other=0.0)  # (KP, BLOCK_M)
+        if FACTOR:
+            if dtype == tl.bfloat16:
+                w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q
+            else:
+                w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q
+            w = ((w.to(tl.float32) - off_z) if UPCAST else (w - off_z)).to(dtype)  # q - z
+            part = _dot(w, xt, part, IEEE, UPCAST, False, False)
+        else:
+            w = ((q.to(tl.float32) - z) * s).to(dtype)
+            acc = _dot(w, xt, acc, IEEE, UPCAST, False, False)
+    if FACTOR:
+        acc += s[:, None] * part
+    return acc
 
 
 @triton.jit
@@ -375,8 +399,7 @@ class GemvLaunch:
     `gemv_config`; benchmarks, tests). split_k > 1 (kind "dot") splits K over that many programs per
     column block. x_f16 (fp8 weights, bf16/fp16 x): convert x to float16 once before the launch
     instead of in every program at every K step: the same result bit for bit, meant for many rows,
-    where the x tile outgrows the weight tile (not measured, so off by default). unpack (int4
-    weights): how a packed tile is widened (`_load_w`: 0 shifts and a reshape, 1 a load per element)."""
+    where the x tile outgrows the weight tile (not measured, so off by default)."""
 
     block_n: int | None = None
     block_k: int | None = None
@@ -384,7 +407,6 @@ class GemvLaunch:
     num_stages: int | None = None
     split_k: int | None = None
     x_f16: bool = False
-    unpack: int = 0
 
 
 @dataclass(frozen=True)
@@ -416,10 +438,11 @@ def dot_config(m: int, n: int, k: int, w_bytes: float, x_bytes: int, *, fp8: boo
     split_k = lc.split_k
     bm = max(16, triton.next_power_of_2(m))
     if int4:
-        # a quarter of bf16's bytes per tile, so more programs keep the bytes in flight: 64 weight
-        # rows, 128-wide K steps (one group of the usual 128), K split in 4 where N <= 8192 as fp8
-        bn, bk = block_n or 64, block_k or 128
-        num_warps, split_k = num_warps or 4, split_k or (1 if n > 8192 or bm > 16 else 4)
+        # widening the packed ints costs instructions, not bytes: 128 weight rows over 8 warps issue
+        # the fewest per weight without spilling at 1-128 rows (ptxas, sm_90); 128-wide K steps, one
+        # group of the usual 128 (its scale applied once per tile); K split in 4 where N <= 8192 as fp8
+        bn, bk = block_n or 128, block_k or 128
+        num_warps, split_k = num_warps or 8, split_k or (1 if n > 8192 or bm > 16 else 4)
     elif fp8:
         # the H200's best at 1-256 rows (docs/decisions.md): at 1-16 rows and N <= 8192 (qkv, o,
         # down) 64 weight rows per program, 4 warps, 4 stages, else 128, 8 warps, 3 stages; K in
@@ -493,11 +516,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
     With bfloat16/float16 x the products run in float16 (see `_dot`); launch.x_f16 converts x to
     float16 once before the launch (three small ops) instead of in every program at every K step.
 
-    int4 weights (`kernels.int4.Int4Weight`, W4A16): each tile of packed weights is dequantized in
-    registers to x's dtype ((q - z) * s, `int4.dequantize` rounded to x's dtype), so y equals
-    F.linear(x, dequantize(weight, x.dtype), bias) up to summation order; a quarter of bf16's bytes
-    plus 4 bytes per group. Kind "dot", every epilogue but rms_eps (folding a norm would
-    re-quantize the weights).
+    int4 weights (`kernels.int4.Int4Weight`, W4A16): the packed tiles are widened in registers
+    (`_int4_tile`), so y equals F.linear(x, dequantize(weight), bias) up to rounding and summation
+    order; a quarter of bf16's bytes plus 4 bytes per group. Kind "dot", every epilogue but rms_eps
+    (folding a norm would re-quantize the weights); more than INT4_TILE_ROWS rows run as launches
+    of that many (one tile of 256 rows spills registers).
 
     kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; float32 inputs use IEEE
     products, not TF32). launch.split_k > 1 splits K over that many programs per column block, each
@@ -539,6 +562,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
     split_k, x_f16 = lc.split_k, lc.x_f16
     m, k = x.shape
     n = weight.shape[0]
+    if int4 and m > INT4_TILE_ROWS:
+        parts = []
+        for r in range(0, m, INT4_TILE_ROWS):
+            rows = slice(r, r + INT4_TILE_ROWS)
+            part_rope = rope and replace(rope, cos=rope.cos[rows], sin=rope.sin[rows], slots=rope.slots[rows])
+            parts.append(gemv(x[rows], weight, bias, kind=kind, epilogue=replace(epi, rope=part_rope), launch=launch,
+                              pdl=pdl))
+        return torch.cat(parts)
     if int4:
         check_group(k, weight.group_size)
         if kind != "dot" or scale is not None or rms_eps is not None or x_f16:
@@ -594,6 +625,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
         cfg = dot_config(m, n, k, 0.5 if int4 else weight.element_size(), x.element_size(), fp8=fp8, int4=int4,
                          pdl=pdl, residual=residual is not None, norm=rms, launch=lc)
         bm, bn, bk, split_k = cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
+        if int4 and bk < 128:  # `_int4_tile` dots BLOCK_K / 8 inputs at a time: the MMA's K is >= 16
+            raise ValueError(f"int4 weights need block_k >= 128, got {bk}")
         upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
         quant = (w4.scales, w4.zeros, w4.scales.stride(0)) if int4 else (x, x, 0)
         ieee = x.dtype == torch.float32 or upcast
@@ -612,7 +645,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
-            GROUP=w4.group_size if int4 else 1, UNPACK=lc.unpack, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
+            GROUP=w4.group_size if int4 else 1, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
