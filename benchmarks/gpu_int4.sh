@@ -9,7 +9,7 @@
 # 3. `bench_step_kernels.py --paired`: the Llama-3-8B step, bf16 / fp8 / int4 alternated (~2 min);
 # 4. the `h200-int4` profile of the issue's models (`gpu_profile.sh` with WEIGHT_FORMAT=int4), for
 #    what BUDGET leaves (resumable: RESUME=its compute.partial.csv in a later call).
-# Writes $OUT/{w4a16.csv, step.csv, int4-profile/{compute.csv|compute.partial.csv, comm.csv,
+# Writes $OUT/{w4a16.json, step.json (with the machine's metadata), int4-profile/{compute.csv|compute.partial.csv, comm.csv,
 # meta.json}, int4.log}: at most 8 files, as the device tool brings back.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
@@ -26,11 +26,11 @@ t0=$(date +%s)
   timeout 90 $PY -m pytest -q -x -p no:cacheprovider -m gpu tests/test_int4.py 2>&1 | tail -5
   echo "tests done after $(( $(date +%s) - t0 )) s"
   timeout 120 $PY benchmarks/bench_w4a16.py --rows 1,2,4,8,16,32,64,128,256 --out /tmp/w4a16 2>&1 | tail -24
-  cp /tmp/w4a16/bench_w4a16.csv "$OUT/w4a16.csv"
+  cp /tmp/w4a16/bench_w4a16.json "$OUT/w4a16.json"
   echo "bench_w4a16 done after $(( $(date +%s) - t0 )) s"
   timeout 150 $PY benchmarks/bench_step_kernels.py --models Llama-3-8B --tokens 1,4,16,64 --kv 1024 --paired --reps 20 \
       --no-kernels --fusions "$FUSED,$FUSED+fp8,$FUSED+int4" --out /tmp/step 2>&1 | grep -v "^ " | tail -12
-  cp /tmp/step/bench_step_kernels-*.csv "$OUT/step.csv"
+  cp /tmp/step/bench_step_kernels-*.json "$OUT/step.json"
   echo "step done after $(( $(date +%s) - t0 )) s"
   OUT=/tmp/int4-out WEIGHT_FORMAT=int4 BUDGET="$BUDGET" MODELS="$MODELS" timeout $((BUDGET + 60)) \
       bash benchmarks/gpu_profile.sh 2>&1 | tail -8

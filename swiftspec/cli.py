@@ -167,9 +167,9 @@ def plan(gpus, target, draft, profile_dir, hardware, acceptance, modes, draft_gp
         check_output_file(output, "-o")
     profile_dir, acceptance = resolve_builtin("profile", profile_dir), resolve_builtin("acceptance", acceptance)
     if hardware is not None:
-        profile_dir = hardware_profile_ref(hardware)
+        profile_dir = hardware_profile_ref(hardware, (target, draft))
     elif profile_dir is None and device != "cpu":
-        profile_dir = _gpu_default_profile(visible_gpu_name())
+        profile_dir = _gpu_default_profile(visible_gpu_name(), (target, draft))
     device = device or profile_device(profile_dir)
     mode_list = tuple(Mode.parse(m.strip()) for m in modes.split(",") if m.strip()) if modes else tuple(Mode)
     space = SearchSpace(gpus=gpus, modes=mode_list, draft_gpus=draft_gpus, bs=bs, w=w, d=d,
@@ -221,12 +221,12 @@ def plan(gpus, target, draft, profile_dir, hardware, acceptance, modes, draft_gp
         click.echo(f"wrote {output}")
 
 
-def _gpu_default_profile(gpu: str | None) -> str | None:
+def _gpu_default_profile(gpu: str | None, models: tuple[str, ...] = ()) -> str | None:
     """The profile `plan` defaults to with `gpu` visible (`gpu_profile`, the rule `run` and
     `validate` follow too), said on stderr; None (the embedded H200 profile) without a GPU."""
     if gpu is None:
         return None
-    profile, why = gpu_profile(gpu)
+    profile, why = gpu_profile(gpu, models)
     click.echo(f"profile: {why} (--profile or --hardware to choose another)", err=True)
     return profile
 
@@ -773,7 +773,7 @@ def _pairs(text: str | None) -> list[tuple[str, str]] | None:
 @click.option("--device", type=click.Choice(DEVICES), default=None, help=DEVICE_RULE)
 @click.option("--profile", "profile_dir", default=None,
               help="Profile folder or builtin:NAME [default on cuda: the bundled profile of the visible GPU, "
-                   "h200-measured on an H200, h100-derived on an H100, else h200-measured (said so); cpu: required].")
+                   "h200-measured on an H200, h100-measured on an H100, else h200-measured (said so); cpu: required].")
 @click.option("--acceptance", default=None,
               help="Acceptance profile JSON or builtin:NAME to replay [default: smollm2-135m__int3g32].")
 @click.option("--pairs", default=None, help="TARGET:DRAFT,... [default on cuda: Llama-3-8B:Llama-3.2-1B,"

@@ -9,7 +9,7 @@ paths a synthetic run replays (`rank_paths`) and re-predicts every task for the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +69,8 @@ class RunOptions:
     profile: str | None = None
 
 
-def prediction_profile(plan_profile: str | None, plan_gpu: str | None, gpu: str | None) -> tuple[str | None, str | None]:
+def prediction_profile(plan_profile: str | None, plan_gpu: str | None, gpu: str | None,
+                       models: Sequence[str] = ()) -> tuple[str | None, str | None]:
     """(profile, why) a run's predictions come from when --profile is not given: on a GPU (`gpu`,
     its name as torch reports it) the plan's profile when it was made for this GPU type
     (`plan_gpu`, `same_gpu`), else this GPU's bundled profile (`gpu_profile`), the rule `plan`
@@ -79,7 +80,7 @@ def prediction_profile(plan_profile: str | None, plan_gpu: str | None, gpu: str 
         return plan_profile, None
     if plan_profile is not None and plan_gpu is not None and same_gpu(plan_gpu, gpu):
         return plan_profile, f"{plan_profile}, the plan's, made for this {gpu}"
-    profile, why = gpu_profile(gpu)
+    profile, why = gpu_profile(gpu, models)
     return profile, why + (f" (the plan's is for {plan_gpu})" if plan_gpu else "")
 
 
@@ -211,7 +212,8 @@ def run_plan(plan_path: str | Path, options: RunOptions = RunOptions(), sampling
     if profile is None:
         made_on = _profile_or_none(plan_profile)
         gpu = run_conditions(device, dtype, "native", gpu_index)[0] if device == "cuda" else None
-        profile, why = prediction_profile(plan_profile, made_on.meta.get("gpu") if made_on else None, gpu)
+        profile, why = prediction_profile(plan_profile, made_on.meta.get("gpu") if made_on else None, gpu,
+                                          [m for m in (plan.target, plan.draft) if m])
     if why and progress is not None:
         progress(f"profile: {why} (--profile to choose another)")
     predicted_from = load_profile(profile)[0] if o.profile else _profile_or_none(profile)  # --profile: must load

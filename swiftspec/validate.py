@@ -449,7 +449,7 @@ def validate(
         check_checkpoints(*dict.fromkeys(name for pair in pairs for name in pair))
 
     if profile is None and device == "cuda":
-        profile, why = gpu_profile(torch.cuda.get_device_name())
+        profile, why = gpu_profile(torch.cuda.get_device_name(), [m for pair in pairs for m in pair])
         say(f"profile: {why} (--profile to choose another)")
     if profile is None:
         if device == "cpu":

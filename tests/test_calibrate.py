@@ -44,6 +44,22 @@ def test_cli_writes_a_spec_derive_takes_on_both_sides(tmp_path, swiftspec_cli):
     assert same.label.endswith(f"for {spec.name} (calibrated)")
 
 
+def test_derive_refuses_a_calibration_against_a_datasheet(tmp_path, swiftspec_cli):
+    """A calibrated spec (achieved rates) on one side and a datasheet (peaks) on the other would
+    scale every row by the wrong ratio: one line, exit 2, nothing written."""
+    cal = tmp_path / "h100.json"
+    cal.write_text(json.dumps(dataclasses.replace(
+        HardwareSpec.load("builtin:h100-sxm"), source="calibrated", bf16_tflops=769.0, launch_us=1.0,
+        measured=("hbm_tb_s", "hbm_gib", "bf16_tflops", "sms", "launch_us")).to_dict()))
+    for side in ("--hardware", "--source-hardware"):
+        other = "builtin:h100-sxm" if side == "--source-hardware" else None
+        args = [side, cal, *(["--hardware", other] if other else [])]
+        code, out, err = swiftspec_cli("profile", "derive", "--from", "builtin:h200-measured", *args,
+                                       "-o", tmp_path / "never")
+        assert code == 2 and "is calibrated and" in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "never").exists()
+
+
 def test_cli_refuses_to_replace_an_output_with_less(tmp_path, swiftspec_cli):
     """A file that is no spec, or a GPU calibration, is not replaced by a CPU calibration (one line,
     exit 2, the file as it was); an earlier CPU calibration is."""

@@ -76,7 +76,7 @@ def test_rows_scale_part_by_part(change: str) -> None:
 def test_meta_label_memory_and_links() -> None:
     src = _profile(REST)
     dst = dataclasses.replace(BASE, name="big", hbm_gib=150.0, link_gb_s=800.0, link_us=5.0, source="calibrated")
-    got = derive_profile(src, BASE, dst, "builtin:src")
+    got = derive_profile(src, dataclasses.replace(BASE, source="calibrated"), dst, "builtin:src")
     assert got.meta["source"] == "derived" and got.meta["derived_from"]["profile"] == "builtin:src"
     assert got.label.startswith("derived from measured, base GPU") and got.label.endswith("for big (calibrated)")
     assert got.meta["memory_bytes"] == 150 * 2**30

@@ -22,8 +22,8 @@ PINNED = ["--gpus", "8", "--modes", "async", "--draft-gpus", "4", "--bs", "8", "
 
 @pytest.mark.parametrize("gpu,want,has_own", [
     ("NVIDIA H200", "h200-measured", True),
-    ("NVIDIA H100 80GB HBM3", "h100-derived", True),
-    ("NVIDIA H100 PCIe", "h100-derived", True),
+    ("NVIDIA H100 80GB HBM3", "h100-measured", True),
+    ("NVIDIA H100 PCIe", "h100-measured", True),
     ("NVIDIA A100-SXM4-80GB", "h200-measured", False),
     ("NVIDIA H20", "h200-measured", False),  # "H20" is a word of "NVIDIA H20", not of "NVIDIA H200"
     ("NVIDIA GH200 480GB", "h200-measured", False),
@@ -39,8 +39,8 @@ def test_the_default_profile_is_the_visible_gpus(gpu, want, has_own):
 
 
 def test_a_gpus_best_bundled_profile_wins():
-    """A GPU's profiles are tried best first: the first bundled one is used, so a measured H100
-    profile takes over from the derived one once it ships; a GPU with none bundled gets None."""
+    """A GPU's profiles are tried best first: the first bundled one is used, so a measured profile
+    wins over a derived one; a GPU with none bundled gets None."""
     assert bundled_profile(Gpu("x", "X", "h100-sxm", ("h100-not-bundled", "h100-derived"))) == "builtin:h100-derived"
     assert bundled_profile(Gpu("x", "X", "h100-sxm", ("h200-measured", "h100-derived"))) == "builtin:h200-measured"
     assert bundled_profile(Gpu("x", "X", "b200", ("b200-not-bundled",))) is None
@@ -64,13 +64,13 @@ def test_run_predicts_from_the_plans_profile_only_when_made_for_this_gpu():
     assert prediction_profile("my-h100", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe") == (
         "my-h100", "my-h100, the plan's, made for this NVIDIA H100 PCIe")
     profile, why = prediction_profile("builtin:h200-measured", "NVIDIA H200", "NVIDIA H100 80GB HBM3")
-    assert profile == "builtin:h100-derived" and why.endswith("(the plan's is for NVIDIA H200)")
+    assert profile == "builtin:h100-measured" and why.endswith("(the plan's is for NVIDIA H200)")
     assert prediction_profile(None, None, "NVIDIA H200")[0] == "builtin:h200-measured"
     assert prediction_profile("cpu-prof", "cpu", None) == ("cpu-prof", None)
 
 
 @pytest.mark.parametrize("text,want", [
-    ("h200", "builtin:h200-measured"), ("h100", "builtin:h100-derived"), ("h100-sxm", "builtin:h100-derived"),
+    ("h200", "builtin:h200-measured"), ("h100", "builtin:h100-measured"), ("h100-sxm", "builtin:h100-measured"),
     ("b200", "hardware:builtin:b200"), ("builtin:h20", "hardware:builtin:h20"),
 ])  # fmt: skip
 def test_hardware_names_reach_a_bundled_or_derived_profile(text, want):
@@ -88,6 +88,17 @@ def test_hardware_files_and_unknown_names(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"name": "bad", "hbm_tb_s": -1}))
     with pytest.raises(UserError, match="hbm_tb_s"):
         hardware_profile_ref(str(tmp_path / "bad.json"))
+
+
+def test_a_gpu_gets_its_measured_profile_where_it_covers_the_models():
+    """The H100's measured profile lacks the deepseek-coder pair: planning it on an H100 takes the
+    derived H100 profile, and says why; the measured one for models it has (or none named)."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert gpu_profile(h100)[0] == gpu_profile(h100, ("Llama-3-70B", "Llama-3.2-3B"))[0] == "builtin:h100-measured"
+    profile, why = gpu_profile(h100, ("deepseek-coder-33b", "deepseek-coder-1.3b"))
+    assert profile == "builtin:h100-derived" and "h100-measured has no rows of deepseek-coder-33b" in why
+    assert hardware_profile_ref("h100", ("deepseek-coder-33b",)) == "builtin:h100-derived"
+    assert gpu_profile(h100, ("/not/a/bundled/model",))[0] == "builtin:h100-measured"  # none covers it: the first
 
 
 def test_no_gpu_keeps_the_embedded_default():
@@ -136,8 +147,8 @@ def test_plan_on_a_gpu_uses_its_profile_and_keeps_json_pure(monkeypatch, swiftsp
     monkeypatch.setattr("swiftspec.cli.visible_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
     code, out, err = swiftspec_cli("plan", *PINNED, "--json")
     assert code == 0, err
-    assert "for NVIDIA H100 SXM (datasheet)" in json.loads(out)["profile"]
-    assert err.strip() == ("profile: builtin:h100-derived, the bundled profile of this NVIDIA H100 80GB HBM3 "
+    assert json.loads(out)["profile"].startswith("measured, NVIDIA H100")
+    assert err.strip() == ("profile: builtin:h100-measured, the bundled profile of this NVIDIA H100 80GB HBM3 "
                            "(--profile or --hardware to choose another)")
     code, out, err = swiftspec_cli("plan", *PINNED, "--json", "--profile", "builtin:h200-measured")
     assert json.loads(out)["profile"].startswith("measured, NVIDIA H200") and err == ""

@@ -326,7 +326,7 @@ def test_hardware_across_gpus_and_counts(tmp_path):
     by = table.set_index(["gpu", "gpus"])["tokens_per_s"]
     assert all(by[(g, 8)] > by[(g, 2)] for g in hardware.GPU_NAMES)
     kinds = table.drop_duplicates("gpu").set_index("gpu")["kind"].to_dict()
-    assert kinds == {"h100": "derived", "h200": "measured", "b200": "what-if (datasheet)", "h20": "what-if (datasheet)"}
+    assert kinds == {"h100": "measured", "h200": "measured", "b200": "what-if (datasheet)", "h20": "what-if (datasheet)"}
     check_written(dataclasses.replace(out, paths=out.paths[:2]), "hardware",
                   [("GPUs", "tokens/s (predicted, best configuration)")])
     assert out.paths[2] == tmp_path / "hardware.csv"

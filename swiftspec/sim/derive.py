@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,11 @@ def scale_comm(ms: float, bytes_: float, src: HardwareSpec, dst: HardwareSpec) -
 def derive_profile(source: Profile, src_hw: HardwareSpec, dst_hw: HardwareSpec, source_ref: str) -> Profile:
     """`source` (measured on `src_hw`) scaled to `dst_hw` (module docstring). source_ref: how the
     output names the source (a path or builtin:NAME)."""
+    if (src_hw.source == "calibrated") != (dst_hw.source == "calibrated"):
+        cal, other = (src_hw, dst_hw) if src_hw.source == "calibrated" else (dst_hw, src_hw)
+        raise UserError(f"{cal.name} is calibrated and {other.name} is not ({other.source}): a calibration measures "
+                        "achieved matmul rates and launch times, a datasheet states peaks, so their ratios would scale "
+                        "every row wrongly; give both GPUs' calibrations (--hardware, --source-hardware) or neither")
     meta = source.meta
     dtype_bytes = 4 if meta.get("dtype") == "float32" else 2
     weight_format = meta.get("weight_format", "native")
@@ -167,15 +173,16 @@ def hardware_names() -> list[str]:
     return names + [n for n in bundled_specs() if n not in names]
 
 
-def hardware_profile_ref(text: str) -> str:
-    """The profile `plan --hardware TEXT` plans from: the GPU's best bundled profile (builtin:NAME)
-    where `GPUS` names one, else `hardware:SPEC`, derived from `FALLBACK_PROFILE` when loaded
-    (`load_derived`). TEXT: a name (`hardware_names`), builtin:NAME, or a spec JSON file, checked
-    here (one line when it is none of them)."""
+def hardware_profile_ref(text: str, models: Sequence[str] = ()) -> str:
+    """The profile `plan --hardware TEXT` plans from: the GPU's best bundled profile (builtin:NAME,
+    one with rows of `models` where there is one: `bundled_profile`) where `GPUS` names one, else
+    `hardware:SPEC`, derived from `FALLBACK_PROFILE` when loaded (`load_derived`). TEXT: a name
+    (`hardware_names`), builtin:NAME, or a spec JSON file, checked here (one line when it is none
+    of them)."""
     name = text[len(PREFIX):] if text.startswith(PREFIX) else text
     row = next((g for g in GPUS if name in (g.name, g.spec)), None)
     if row is not None:
-        return bundled_profile(row) or f"{HARDWARE}{PREFIX}{row.spec}"
+        return bundled_profile(row, models) or f"{HARDWARE}{PREFIX}{row.spec}"
     if name in bundled_specs():
         return f"{HARDWARE}{PREFIX}{name}"
     if not text.startswith(PREFIX) and Path(text).is_file():

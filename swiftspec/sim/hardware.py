@@ -15,9 +15,11 @@ spec of the GPU a profile was measured on.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -144,19 +146,32 @@ def gpu_of(gpu: str) -> Gpu | None:
     return next((g for g in GPUS if re.search(rf"(?<![\w-]){re.escape(g.key)}(?![\w])", gpu)), None)
 
 
-def bundled_profile(gpu: Gpu) -> str | None:
-    """builtin:NAME of the GPU's best bundled profile, or None when none of its profiles is bundled."""
+def _layers_models(folder: Path) -> set[str]:
+    """The models a profile folder has `layers` rows for."""
+    with open(folder / "compute.csv", newline="") as f:
+        return {r["model"] for r in csv.DictReader(f) if r["op"] == "layers"}
+
+
+def bundled_profile(gpu: Gpu, models: Sequence[str] = ()) -> str | None:
+    """builtin:NAME of the GPU's first bundled profile with rows of every model in `models` (a
+    measured one before a derived one), else its first bundled profile; None when none is bundled."""
     folder = Path(str(resources.files("swiftspec") / "data" / "profiles"))
-    return next((f"{PREFIX}{p}" for p in gpu.profiles if (folder / p / "meta.json").is_file()), None)
+    names = [p for p in gpu.profiles if (folder / p / "meta.json").is_file()]
+    covering = (p for p in names if not models or set(models) <= _layers_models(folder / p))
+    name = next(covering, names[0] if names else None)
+    return name and f"{PREFIX}{name}"
 
 
-def gpu_profile(gpu: str) -> tuple[str, str]:
-    """(builtin:NAME, why) of the bundled profile for a visible GPU named `gpu` (`GPUS`); a GPU
-    without one gets `FALLBACK_PROFILE`, and the reason says its predictions are for another GPU."""
+def gpu_profile(gpu: str, models: Sequence[str] = ()) -> tuple[str, str]:
+    """(builtin:NAME, why) of the bundled profile for a visible GPU named `gpu` (`GPUS`) that covers
+    `models` where one does (`bundled_profile`); a GPU without one gets `FALLBACK_PROFILE`, and the
+    reason says its predictions are for another GPU."""
     row = gpu_of(gpu)
-    name = bundled_profile(row) if row else None
+    name = bundled_profile(row, models) if row else None
     if name:
-        return name, f"{name}, the bundled profile of this {gpu}"
+        first = bundled_profile(row)
+        why = "" if name == first else f" ({first} has no rows of {', '.join(models)})"
+        return name, f"{name}, the bundled profile of this {gpu}{why}"
     hint = f"`plan --hardware {row.name}` derives one from its datasheet, " if row else ""
     return (f"{PREFIX}{FALLBACK_PROFILE}", f"{PREFIX}{FALLBACK_PROFILE}: no bundled profile for {gpu}, so the "
             f"predictions are an H200's ({hint}`swiftspec profile compute` measures this GPU, `profile derive` "
