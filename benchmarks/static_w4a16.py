@@ -2,9 +2,9 @@
 
     python benchmarks/static_w4a16.py [--out DIR]        # CPU only, ~1 minute
 
-Compiles `gemv._skinny_dot_kernel` with int4 weights for sm_90 (Triton's own ptxas) at several
-launch shapes and reports, per shape: registers per thread, local-memory spill instructions (any
-spill in the K loop costs far more than the weight bytes saved), shared memory, and the K loop's
+Compiles `gemv._skinny_dot_kernel` with int4 weights for sm_90 (`kernels.compile_check`, Triton's
+own ptxas) at several launch shapes and reports, per shape: registers per thread, spill stack
+(any spill in the K loop costs far more than the weight bytes saved), shared memory, and the K loop's
 SASS instructions per weight (loop instructions per warp x warps / weights per tile). A kernel
 whose warps need more instructions per weight than 4 schedulers x SMs x clock issue in one
 weight's copy time is bound by issue, not bytes: on an H100 (132 SMs, 1.755 GHz, 2.98 TB/s copy,
@@ -26,61 +26,43 @@ from pathlib import Path
 
 import pandas as pd
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from swiftspec.kernels import gemv as G  # noqa: E402
+from swiftspec.kernels import compile_check  # noqa: E402
+from swiftspec.kernels.gemv import DotConfig  # noqa: E402
 
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-POINTERS = {"X": "*bf16", "S": "*fp32", "B": "*bf16", "Y": "*bf16", "P": "*fp32", "SQ": "*fp32", "RES": "*bf16",
-            "NEW_RES": "*bf16", "COS": "*bf16", "SIN": "*bf16", "SLOTS": "*i64", "KC": "*bf16", "VC": "*bf16",
-            "SZ": "*fp16", "ZP": "*fp16", "eps": "fp32"}
-# name: (int4, rows (BLOCK_M), BLOCK_N, BLOCK_K, warps, split K, group)
+# name: (int4 group (0: bf16 weights), rows (BLOCK_M), BLOCK_N, BLOCK_K, warps, split K)
 SHAPES = {
-    "bf16 64 x 128, 1-16 rows": (False, 16, 64, 128, 4, 4, 128),
-    "int4 default, 1-16 rows": (True, 16, 128, 128, 8, 4, 128),
-    "int4 default, 32 rows": (True, 32, 128, 128, 8, 1, 128),
-    "int4 default, 64 rows": (True, 64, 128, 128, 8, 1, 128),
-    "int4 default, 128 rows": (True, 128, 128, 128, 8, 1, 128),
-    "int4 default, 256 rows": (True, 256, 128, 128, 8, 1, 128),
-    "int4 64 x 4 warps, 1-16 rows": (True, 16, 64, 128, 4, 4, 128),
-    "int4 64 x 4 warps, 128 rows": (True, 128, 64, 128, 4, 1, 128),
-    "int4 bk256 (two groups a tile)": (True, 16, 128, 256, 8, 4, 128),
-    "int4 group 64": (True, 16, 128, 128, 8, 4, 64),
+    "bf16 64 x 128, 1-16 rows": (0, 16, 64, 128, 4, 4),
+    "int4 default, 1-16 rows": (128, 16, 128, 128, 8, 4),
+    "int4 default, 32 rows": (128, 32, 128, 128, 8, 1),
+    "int4 default, 64 rows": (128, 64, 128, 128, 8, 1),
+    "int4 default, 128 rows": (128, 128, 128, 128, 8, 1),
+    "int4 one 256-row tile": (128, 256, 128, 128, 8, 1),
+    "int4 64 x 4 warps, 1-16 rows": (128, 16, 64, 128, 4, 4),
+    "int4 64 x 4 warps, 128 rows": (128, 128, 64, 128, 4, 1),
+    "int4 bk256 (two groups a tile)": (128, 16, 128, 256, 8, 4),
+    "int4 group 64": (64, 16, 128, 128, 8, 4),
 }
 
 
-def compile_shape(int4: bool, rows: int, bn: int, bk: int, warps: int, split: int, group: int, stages: int = 5):
-    """The compiled kernel (Triton's CompiledKernel) for sm_90a."""
-    fn = G._skinny_dot_kernel
-    const = dict(INT4=int4, GROUP=group, HAS_BIAS=False, HAS_SCALE=False, IEEE=False, UPCAST=False, F16=False,
-                 X_F16=False, SPLIT_K=split, RMS=False, HAS_RES=False, SWIGLU=False, ROPE=False, HALF=1, BLOCK_M=rows,
-                 BLOCK_N=bn, BLOCK_K=bk, PDL=0)
-    ptr = {**POINTERS, "W": "*i32" if int4 else "*bf16"}
-    sig = {a: "constexpr" if a in const else ptr.get(a, "i32") for a in fn.arg_names}
-    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(a),): v for a, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-
-
-def sass_facts(kernel) -> dict:
-    """Registers, stack, spill and K-loop instruction counts from the cubin's SASS."""
+def loop_facts(kernel) -> dict:
+    """The K loop (the body of the longest backward branch in the SASS): instructions per warp and
+    the conversion and MMA instructions among them."""
     with tempfile.TemporaryDirectory() as d:
         cubin = Path(d) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
-        sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
-        res = subprocess.run([BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+        tool = Path(compile_check._ptxas_dir()) / "cuobjdump"
+        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
     ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
-    loop = []
-    for addr, text in ins:  # the K loop: the body of the longest backward branch
+    loop: list[str] = []
+    for addr, text in ins:
         t = re.search(r"BRA.*?0x([0-9a-f]+)", text)
         if t and int(t.group(1), 16) < addr:
             body = [x for a, x in ins if int(t.group(1), 16) <= a <= addr]
             loop = body if len(body) > len(loop) else loop
     ops = collections.Counter(x.split()[1 if x.startswith("@") else 0].split(".")[0] for x in loop)
-    return {"registers": int(res.split("REG:")[1].split()[0]), "stack_bytes": int(res.split("STACK:")[1].split()[0]),
-            "spill_instructions": sass.count("STL") + sass.count("LDL"), "shared_bytes": kernel.metadata.shared,
-            "loop_instructions": len(loop), "loop_conversions": ops["I2F"] + ops["I2FP"] + ops["F2F"] + ops["F2FP"],
+    return {"loop_instructions": len(loop), "loop_conversions": ops["I2F"] + ops["I2FP"] + ops["F2F"] + ops["F2FP"],
             "loop_mma": ops["HGMMA"]}
 
 
@@ -88,15 +70,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="folder for static_w4a16.csv")
     a = ap.parse_args()
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    os.environ.pop("TRITON_INTERPRET", None)  # compiling needs the real JIT
     rows = []
-    for name, (int4, m, bn, bk, warps, split, group) in SHAPES.items():
-        facts = sass_facts(compile_shape(int4, m, bn, bk, warps, split, group))
+    for name, (group, m, bn, bk, warps, split) in SHAPES.items():
+        cfg = DotConfig(m, bn, bk, warps, 5, split)
+        kernel = compile_check.compile_gemv(cfg, False, "", "bf16", 90, group)
+        res = compile_check.resources(kernel)
+        facts = loop_facts(kernel)
         per_weight = facts["loop_instructions"] * warps / (bn * bk)
-        rows.append({"shape": name, "rows": m, "block_n": bn, "block_k": bk, "warps": warps, "group": group, **facts,
-                     "instructions_per_weight": round(per_weight, 3)})
-        print(f"{name:32s} regs {facts['registers']:3d} spills {facts['spill_instructions']:4d} "
-              f"loop {facts['loop_instructions']:4d} instr ({per_weight:.3f} per weight)", flush=True)
+        rows.append({"triton": triton.__version__, "target": "sm_90", "shape": name, "rows": m, "block_n": bn, "block_k": bk, "warps": warps, "group": group,
+                     "registers": res.registers, "spill_bytes": res.spill_bytes, "shared_bytes": res.shared_bytes,
+                     **facts, "instructions_per_weight": round(per_weight, 3)})
+        print(f"{name:32s} regs {res.registers:3d} spill {res.spill_bytes:5d} B  loop {facts['loop_instructions']:4d} "
+              f"instr ({per_weight:.3f} per weight)", flush=True)
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -80,3 +80,31 @@ def test_skinny_linear_launches_fit_sm90():
     cfg = dot_config(1, 1280, 8192, 2, 2, residual=True)  # 70B TP-8 qkv
     six = compile_check.gemv_reports([(DotConfig(**{**cfg.__dict__, "num_stages": 6}), True, "")])[0]
     assert cfg.num_stages == 4 and six.shared_bytes > compile_check.SM90_SHARED_LIMIT and not six.fits
+
+
+def test_int4_launches_fit_sm90_without_spills():
+    """Every int4 launch the model makes (1-128 rows per launch: more run in launches of 128) on
+    the bundled models' TP 1-8 shards, with the qkv's rope and the gate/up's swiglu epilogues,
+    compiles for sm_90 within its shared memory and without spilling registers (the K loop's
+    spills are what made the first W4A16 kernel 16-104x its floor). A 256-row tile does spill,
+    so the check can fail."""
+    from swiftspec.kernels.gemv import INT4_TILE_ROWS, dot_config
+
+    launches = set()
+    for name in bundled_models():
+        spec = ModelSpec.from_config(name)
+        for tp in (1, 2, 4, 8):
+            sh = spec.shard(tp)
+            qkv = (sh.q_heads + 2 * sh.kv_heads) * spec.head_dim
+            shapes = [(qkv, spec.hidden, "rope"), (spec.hidden, sh.q_heads * spec.head_dim, ""),
+                      (2 * sh.ffn, spec.hidden, "swiglu"), (spec.hidden, sh.ffn, "")]
+            for m in (1, 4, 16, 32, 64, INT4_TILE_ROWS):
+                for n, k, epilogue in shapes:
+                    for epi in {"", epilogue}:
+                        launches.add((dot_config(m, n, k, 0.5, 2, int4=True), False, epi))
+    items = sorted(launches, key=str)
+    assert {cfg.block_m for cfg, _, _ in items} == {16, 32, 64, 128}
+    for item, r in zip(items, compile_check.gemv_reports(items, int4_group=128), strict=True):
+        assert r.fits and r.spill_bytes == 0, (item, r)
+    big = dot_config(256, 4096, 4096, 0.5, 2, int4=True)
+    assert compile_check.gemv_reports([(big, False, "")], int4_group=128)[0].spill_bytes > 0

@@ -80,13 +80,15 @@ def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]]
 
 
 def gemv_reports(items: Sequence[tuple[DotConfig, bool, str]], dtype: str = "bf16",
-                 capability: int = 90) -> list[CompileReport]:
+                 capability: int = 90, int4_group: int = 0) -> list[CompileReport]:
     """Compile the skinny linear's dot kernel once per (launch shape, rms, epilogue) (`gemv.dot_config`;
     rms: the RMSNorm kind with a residual, `gemv(rms_eps=, residual=)`; epilogue "", "swiglu"
-    (`gemv(act="swiglu")`) or "rope" (`gemv(rope=...)`, head dim 128)) with weights and x in `dtype`."""
+    (`gemv(act="swiglu")`) or "rope" (`gemv(rope=...)`, head dim 128)) with weights and x in `dtype`;
+    int4_group > 0: int4 weights of that group size (`kernels.int4.Int4Weight`) and x in `dtype`."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return [_gemv_report(cfg, rms, epi, dtype, capability) for cfg, rms, epi in items]
-    return _in_child("gemv", [[dataclasses.asdict(c), r, e] for c, r, e in items], dtype, capability)
+        return [resources(compile_gemv(cfg, rms, epi, dtype, capability, int4_group)) for cfg, rms, epi in items]
+    return _in_child("gemv", [[dataclasses.asdict(c), r, e] for c, r, e in items], dtype, capability,
+                     int4_group=int4_group)
 
 
 @dataclass(frozen=True)
@@ -133,14 +135,14 @@ def _ws_report(block_n: int, stages: int, head_dim: int, group: int, q_smem: boo
     kernel = triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
     ptx = kernel.asm["ptx"]
-    report = _resources(kernel)
+    report = resources(kernel)
     return WsCompileReport(report, "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx, "wgmma.mma_async" in ptx,
                            "cp.async.bulk.tensor" in ptx, "griddepcontrol.wait" in ptx)
 
 
-def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool = False) -> list:
+def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool = False, int4_group: int = 0) -> list:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    job = {"kernel": kernel, "dtype": dtype, "capability": capability, "items": items}
+    job = {"kernel": kernel, "dtype": dtype, "capability": capability, "items": items, "int4_group": int4_group}
     done = subprocess.run([sys.executable, "-m", "swiftspec.kernels.compile_check"], input=json.dumps(job), env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -151,20 +153,27 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool =
 
 
 @functools.lru_cache(maxsize=256)
-def _gemv_report(cfg: DotConfig, rms: bool, epilogue: str, dtype: str, capability: int) -> CompileReport:
+def compile_gemv(cfg: DotConfig, rms: bool, epilogue: str, dtype: str = "bf16", capability: int = 90,
+                 int4_group: int = 0):
+    """The skinny linear's dot kernel compiled for sm_<capability> (`gemv_reports`' arguments), as
+    Triton's CompiledKernel: `asm["cubin"]` holds the machine code. Not under TRITON_INTERPRET=1."""
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
     pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC", "SZ", "ZP")
     ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
             "stride_vc_h", "stride_vc_s", "HQ", "HKV", "stride_s")
-    constexprs = {"INT4": False, "GROUP": 1, "UNPACK": 0, "HAS_BIAS": False, "HAS_SCALE": False, "IEEE": dtype == "fp32", "UPCAST": False, "F16": False,
-                  "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
+    constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "HAS_BIAS": False, "HAS_SCALE": False,
+                  "IEEE": dtype == "fp32", "UPCAST": False, "F16": False, "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
                   "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "BLOCK_K": cfg.block_k, "PDL": False}
-    signature = {**{p: "*fp32" if p in ("S", "P", "SQ") else "*i64" if p == "SLOTS" else f"*{dtype}" for p in pointers},
+    types = {"S": "*fp32", "P": "*fp32", "SQ": "*fp32", "SLOTS": "*i64"}
+    if int4_group:
+        types.update(W="*i32", SZ="*fp16", ZP="*fp16")
+    signature = {**{p: types.get(p, f"*{dtype}") for p in pointers},
                  "eps": "fp32", **dict.fromkeys(ints, "i32"), **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in (*pointers, *ints[1:])}  # M (rows) is not
-    return _compiled_report(_skinny_dot_kernel, signature, constexprs, attrs, cfg.num_warps, cfg.num_stages,
-                            capability)
+    return triton.compile(ASTSource(fn=_skinny_dot_kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
 @functools.lru_cache(maxsize=256)
@@ -188,10 +197,10 @@ def _compiled_report(fn, signature: dict, constexprs: dict, attrs: dict, num_war
         ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
         target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps, "num_stages": num_stages},
     )
-    return _resources(kernel)
+    return resources(kernel)
 
 
-def _resources(kernel) -> CompileReport:
+def resources(kernel) -> CompileReport:
     """Shared memory (Triton's metadata), registers and spill stack (cuobjdump) of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -212,7 +221,8 @@ if __name__ == "__main__":  # the child of the *_reports functions under TRITON_
                           for r in ws_attention_reports([tuple(i) for i in job["items"]], job["capability"])]))
         sys.exit(0)
     if job["kernel"] == "gemv":
-        reports = gemv_reports([(DotConfig(**c), r, e) for c, r, e in job["items"]], job["dtype"], job["capability"])
+        reports = gemv_reports([(DotConfig(**c), r, e) for c, r, e in job["items"]], job["dtype"], job["capability"],
+                               job.get("int4_group", 0))
     else:
         reports = tree_attention_reports([(TreeAttentionConfig(**c), d, g) for c, d, g in job["items"]],
                                          job["dtype"], job["capability"])
