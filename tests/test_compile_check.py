@@ -49,6 +49,22 @@ def test_every_default_launch_shape_fits_sm90():
         assert r.fits, (item, r)
 
 
+def _shard_linears(lm_head: bool) -> set[tuple[int, int, bool, str]]:
+    """(N, K, normed input, fused epilogue) of every linear of the bundled models' TP 1-8 shards:
+    qkv (rope), o, gate/up (swiglu), down, and the LM head."""
+    out = set()
+    for name in bundled_models():
+        spec = ModelSpec.from_config(name)
+        for tp in (1, 2, 4, 8):
+            sh = spec.shard(tp)
+            qkv = (sh.q_heads + 2 * sh.kv_heads) * spec.head_dim
+            out |= {(qkv, spec.hidden, True, "rope"), (spec.hidden, sh.q_heads * spec.head_dim, False, ""),
+                    (2 * sh.ffn, spec.hidden, True, "swiglu"), (spec.hidden, sh.ffn, False, "")}
+            if lm_head:
+                out.add((sh.vocab, spec.hidden, True, ""))
+    return out
+
+
 def test_skinny_linear_launches_fit_sm90():
     """Every dot-kind launch the model makes at 1-16 rows on the bundled models' TP 1-8 shards,
     plain and (before qkv, gate/up and the LM head) as the RMSNorm kind with a residual, with the
@@ -58,19 +74,11 @@ def test_skinny_linear_launches_fit_sm90():
     from swiftspec.kernels.gemv import dot_config
 
     launches = set()
-    for name in bundled_models():
-        spec = ModelSpec.from_config(name)
-        for tp in (1, 2, 4, 8):
-            sh = spec.shard(tp)
-            qkv = (sh.q_heads + 2 * sh.kv_heads) * spec.head_dim
-            shapes = [(qkv, spec.hidden, True, "rope"), (spec.hidden, sh.q_heads * spec.head_dim, False, ""),
-                      (2 * sh.ffn, spec.hidden, True, "swiglu"), (spec.hidden, sh.ffn, False, ""),
-                      (sh.vocab, spec.hidden, True, "")]
-            for m in (1, 4, 16):
-                for n, k, normed, epilogue in shapes:
-                    for rms in (False, True) if normed else (False,):
-                        for epi in {"", epilogue}:
-                            launches.add((dot_config(m, n, k, 2, 2, residual=rms, norm=rms), rms, epi))
+    for n, k, normed, epilogue in _shard_linears(lm_head=True):
+        for m in (1, 4, 16):
+            for rms in (False, True) if normed else (False,):
+                for epi in {"", epilogue}:
+                    launches.add((dot_config(m, n, k, 2, 2, residual=rms, norm=rms), rms, epi))
     items = sorted(launches, key=str)
     assert any(cfg.block_k == 256 and rms for cfg, rms, _ in items)  # 256-wide steps with a residual occur
     assert any(cfg.split_k > 1 and epi == "rope" for cfg, _, epi in items)  # the rope epilogue in a split launch
@@ -91,17 +99,10 @@ def test_int4_launches_fit_sm90_without_spills():
     from swiftspec.kernels.gemv import INT4_TILE_ROWS, dot_config
 
     launches = set()
-    for name in bundled_models():
-        spec = ModelSpec.from_config(name)
-        for tp in (1, 2, 4, 8):
-            sh = spec.shard(tp)
-            qkv = (sh.q_heads + 2 * sh.kv_heads) * spec.head_dim
-            shapes = [(qkv, spec.hidden, "rope"), (spec.hidden, sh.q_heads * spec.head_dim, ""),
-                      (2 * sh.ffn, spec.hidden, "swiglu"), (spec.hidden, sh.ffn, "")]
-            for m in (1, 4, 16, 32, 64, INT4_TILE_ROWS):
-                for n, k, epilogue in shapes:
-                    for epi in {"", epilogue}:
-                        launches.add((dot_config(m, n, k, 0.5, 2, int4=True), False, epi))
+    for n, k, _, epilogue in _shard_linears(lm_head=False):  # the LM head stays in the model dtype
+        for m in (1, 4, 16, 32, 64, INT4_TILE_ROWS):
+            for epi in {"", epilogue}:
+                launches.add((dot_config(m, n, k, 0.5, 2, int4=True), False, epi))
     items = sorted(launches, key=str)
     assert {cfg.block_m for cfg, _, _ in items} == {16, 32, 64, 128}
     for item, r in zip(items, compile_check.gemv_reports(items, int4_group=128), strict=True):
