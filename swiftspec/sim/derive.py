@@ -114,7 +114,8 @@ def derive_profile(source: Profile, src_hw: HardwareSpec, dst_hw: HardwareSpec, 
         cal, other = (src_hw, dst_hw) if src_hw.source == "calibrated" else (dst_hw, src_hw)
         raise UserError(f"{cal.name} is calibrated and {other.name} is not ({other.source}): a calibration measures "
                         "achieved matmul rates and launch times, a datasheet states peaks, so their ratios would scale "
-                        "every row wrongly; give both GPUs' calibrations (--hardware, --source-hardware) or neither")
+                        "every row wrongly; give both GPUs' calibrations (`swiftspec profile derive --hardware A "
+                        "--source-hardware B`) or neither")
     meta = source.meta
     dtype_bytes = 4 if meta.get("dtype") == "float32" else 2
     weight_format = meta.get("weight_format", "native")
