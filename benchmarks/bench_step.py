@@ -23,14 +23,13 @@ import dataclasses
 import gc
 import json
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from swiftspec.files import atomic_write_text, run_metadata
+from swiftspec.profiler.calibrate import time_ms
 from swiftspec.runtime.graphs import GraphRunner
 from swiftspec.runtime.kernel_config import KernelConfig
 from swiftspec.runtime.kv_cache import KVCache
@@ -38,28 +37,6 @@ from swiftspec.runtime.weights import load_model
 from swiftspec.spec import ModelSpec, resolve_model_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def time_ms(fn: Callable[[], object], reps: int, warmup: int, device: torch.device) -> list[float]:
-    """Wall time of each of `reps` calls of fn in ms: CUDA events on GPU, perf_counter on CPU."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-    else:
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:

@@ -72,7 +72,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import time_calls  # noqa: E402  (sibling script: CUDA-graph timing of many calls)
-from bench_step import _free, _q, bytes_read, copy_bandwidth, time_ms  # noqa: E402  (the floor as bench_step defines it)
+from bench_step import _free, _q, bytes_read, copy_bandwidth  # noqa: E402  (the floor as bench_step defines it)
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
 from swiftspec.kernels.gemv import MAX_ROWS, MAX_ROWS_DOT, gemv  # noqa: E402
@@ -80,6 +80,7 @@ from swiftspec.kernels.reference import apply_rope, rms_norm, silu_mul  # noqa: 
 from swiftspec.kernels.rmsnorm import add_rmsnorm  # noqa: E402
 from swiftspec.kernels.rope_kv import rope_kv  # noqa: E402
 from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel  # noqa: E402
+from swiftspec.profiler.calibrate import time_ms  # noqa: E402
 from swiftspec.profiler.compute import without_comm  # noqa: E402
 from swiftspec.runtime.graphs import GraphRunner  # noqa: E402
 from swiftspec.runtime.kernel_config import KernelConfig  # noqa: E402

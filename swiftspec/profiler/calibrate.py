@@ -81,33 +81,32 @@ def check_replace(path: str | Path, device: str) -> None:
         raise UserError(f"-o {p} {what}, which a calibration on {device} would not: remove it or choose another path")
 
 
-def _timer(device: str) -> Callable[[Callable[[], object], int, int], float]:
-    """median_ms(fn, reps, warmup): the median time of one call of fn, in ms."""
-
-    def cuda(fn, reps: int, warmup: int) -> float:
-        for _ in range(warmup):
-            fn()
-        times = []
+def time_ms(fn: Callable[[], object], reps: int, warmup: int, device: str | torch.device) -> list[float]:
+    """Time of each of `reps` calls of fn in ms, after `warmup` calls: CUDA events on a GPU,
+    perf_counter on the CPU."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
         for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
-    def cpu(fn, reps: int, warmup: int) -> float:
-        for _ in range(warmup):
-            fn()
-        times = []
+            out.append(start.elapsed_time(end))
+    else:
         for _ in range(reps):
             t = time.perf_counter()
             fn()
-            times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
 
-    return cuda if device == "cuda" else cpu
+
+def _timer(device: str) -> Callable[[Callable[[], object], int, int], float]:
+    """median_ms(fn, reps, warmup): the median time of one call of fn, in ms (`time_ms`)."""
+    return lambda fn, reps, warmup: statistics.median(time_ms(fn, reps, warmup, device))
 
 
 def copy_tb_s(device: str, o: CalibrationOptions) -> float:
