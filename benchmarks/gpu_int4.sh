@@ -9,8 +9,8 @@
 # 3. `bench_step_kernels.py --paired`: the Llama-3-8B step, bf16 / fp8 / int4 alternated (~2 min);
 # 4. the `h200-int4` profile of the issue's models (`gpu_profile.sh` with WEIGHT_FORMAT=int4), for
 #    what BUDGET leaves (resumable: RESUME=its compute.partial.csv in a later call).
-# Writes $OUT/{w4a16.json, step.json (with the machine's metadata), int4-profile/{compute.csv|compute.partial.csv, comm.csv,
-# meta.json}, int4.log}: at most 8 files, as the device tool brings back.
+# Writes $OUT/{w4a16.json, step.json (with the machine's metadata), int4-profile/{compute.csv|
+# compute.partial.csv, comm.csv, meta.json}, int4.log}: at most 8 files, as the device tool brings back.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
