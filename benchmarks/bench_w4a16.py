@@ -9,10 +9,11 @@ does (a CUDA graph of calls rotating over enough weight copies to stream cold we
 bf16 weights through the skinny linear's default (`gemv`, up to 256 rows) and cuBLAS (`F.linear`);
 fp8 weights through their default; int4 weights (`quantize_int4`, groups of 128) through the
 default and, unless --quick, the variants: 256-wide K steps (two groups a tile, so every slice is
-dequantized instead of the group's scale applied once, `bk256`), K split 1 / 2 / 4 / 8 ways
-(`k1`...) and 64 weight rows over 4 warps a program (`bn64`). floor_us = the variant's weight
-bytes (int4: packed ints + fp16 scales + zeros) / the device-to-device copy bandwidth measured in
-the same run. Every variant is checked against float32 products of the weights it stands for (rel_err).
+dequantized instead of the group's scale applied once, `bk256`), K split 1 / 2 / 4 / 8 / 16 ways
+(`k1`...; 128 weight rows over 8 warps) and 64 weight rows over 4 warps a program (`bn64`, split as
+the default, or `bn64_k1`...). floor_us = the variant's weight bytes (int4: packed ints + fp16
+scales + zeros) / the device-to-device copy bandwidth measured in the same run. Every variant is
+checked against float32 products of the weights it stands for (rel_err).
 Writes DIR/bench_w4a16.csv and DIR/bench_w4a16.json (run_metadata, copy bandwidth, rows).
 """
 
@@ -43,8 +44,9 @@ def _variants(quick: bool) -> dict[str, GemvLaunch]:
     out = {"int4_default": GemvLaunch()}
     if not quick:
         out["int4_bk256"] = GemvLaunch(block_k=256)
-        out.update({f"int4_k{k}": GemvLaunch(split_k=k) for k in (1, 2, 4, 8)})
+        out.update({f"int4_k{k}": GemvLaunch(split_k=k) for k in (1, 2, 4, 8, 16)})
         out["int4_bn64"] = GemvLaunch(block_n=64, num_warps=4)
+        out.update({f"int4_bn64_k{k}": GemvLaunch(block_n=64, num_warps=4, split_k=k) for k in (1, 2, 8, 16)})
     return out
 
 

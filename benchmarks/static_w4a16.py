@@ -34,13 +34,13 @@ from swiftspec.kernels.gemv import DotConfig  # noqa: E402
 # name: (int4 group (0: bf16 weights), rows (BLOCK_M), BLOCK_N, BLOCK_K, warps, split K)
 SHAPES = {
     "bf16 64 x 128, 1-16 rows": (0, 16, 64, 128, 4, 4),
-    "int4 default, 1-16 rows": (128, 16, 128, 128, 8, 4),
-    "int4 default, 32 rows": (128, 32, 128, 128, 8, 1),
-    "int4 default, 64 rows": (128, 64, 128, 128, 8, 1),
-    "int4 default, 128 rows": (128, 128, 128, 128, 8, 1),
-    "int4 one 256-row tile": (128, 256, 128, 128, 8, 1),
-    "int4 64 x 4 warps, 1-16 rows": (128, 16, 64, 128, 4, 4),
-    "int4 64 x 4 warps, 128 rows": (128, 128, 64, 128, 4, 1),
+    "int4 default, 1-16 rows": (128, 16, 64, 128, 4, 4),
+    "int4 default, 32 rows": (128, 32, 128, 128, 8, 4),
+    "int4 default, 64 rows": (128, 64, 128, 128, 8, 4),
+    "int4 default, 128 rows": (128, 128, 128, 128, 8, 4),
+    "int4 one 256-row tile": (128, 256, 128, 128, 8, 4),
+    "int4 128 x 8 warps, 1-16 rows": (128, 16, 128, 128, 8, 4),
+    "int4 64 x 4 warps, 128 rows": (128, 128, 64, 128, 4, 4),
     "int4 bk256 (two groups a tile)": (128, 16, 128, 256, 8, 4),
     "int4 group 64": (64, 16, 128, 128, 8, 4),
 }

@@ -161,7 +161,7 @@ def compile_gemv(cfg: DotConfig, rms: bool, epilogue: str, dtype: str = "bf16", 
     pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC", "SZ", "ZP")
     ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
             "stride_vc_h", "stride_vc_s", "HQ", "HKV", "stride_s")
-    constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "HAS_BIAS": False, "HAS_SCALE": False,
+    constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "EVEN_K": True, "PTX": int4_group > 0, "HAS_BIAS": False, "HAS_SCALE": False,
                   "IEEE": dtype == "fp32", "UPCAST": False, "F16": False, "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
                   "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "BLOCK_K": cfg.block_k, "PDL": False}

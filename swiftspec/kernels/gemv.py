@@ -70,7 +70,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 @triton.jit
 def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
-                       SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr,
+                       SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
                        HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
@@ -130,7 +130,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     for k0 in range(k_first, k_hi, BLOCK_K):
         if INT4:
             acc = _int4_tile(W, SZ, ZP, X, acc, cols, rows, ok_n, ok_m, k0, k_hi, stride_w, stride_s, stride_x, GROUP,
-                             BLOCK_K, IEEE, UPCAST)
+                             BLOCK_K, EVEN_K, IEEE, UPCAST, PTX)
         else:
             ks = k0 + tl.arange(0, BLOCK_K)
             ok_k = ks < k_hi
@@ -176,56 +176,122 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
 
 @triton.jit
 def _int4_tile(W, SZ, ZP, X, acc, cols, rows, ok_n, ok_m, k0, k_hi, stride_w, stride_s, stride_x, GROUP: tl.constexpr,
-               BLOCK_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+               BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+               PTX: tl.constexpr):
     """acc (BLOCK_N, BLOCK_M) += the int4 weight tile of rows `cols`, inputs k0 + arange(BLOCK_K)
     below k_hi, @ the x tile of the same inputs.
 
-    Packed int32 j of a row holds inputs 8j..8j+7 (nibble i: input 8j + i), so the tile is taken
-    as 8 slices, slice i = nibble i of every pack (inputs k0 + 8 arange(BLOCK_K / 8) + i), each
-    dotted with the x rows of its own inputs: a sum over K may add in any order, and the packed
-    tile is never reshaped (a reshape of the unpacked tile costs a layout shuffle and spills).
+    Packed int32 j of a row holds inputs 8j..8j+7 (nibble i: input 8j + i). The tile's (BLOCK_N,
+    KP = BLOCK_K / 8) packs are widened into 8 slices, slice i = nibble i of every pack, and the
+    slices are laid side by side (column i KP + j = input k0 + 8j + i) by joins, a permute and a
+    reshape that move no data: each thread holds the packs of the columns it feeds the MMA, so the
+    widened tile is already the dot's operand and one dot takes the whole tile. x is gathered in
+    the same column order. A sum over K may add in any order, so only the pairing matters.
     One group per tile (BLOCK_K <= GROUP) and bf16 / fp16 x: a slice enters the tensor cores as
     the exact integers q - z, made without a conversion instruction: the bits q OR those of
     off = 128 (bf16) / 1024 (fp16) are the number off + q, minus off + z in x's dtype (zero points
     are integers: the format packs them in 4 bits); the group's scale applies once per tile to the
     float32 sum. Otherwise (float32 x, groups narrower than the tile) each slice is dequantized,
-    (q - z) * s with its packs' scales and zeros, rounded to x's dtype."""
+    (q - z) * s with its packs' scales and zeros, rounded to x's dtype. EVEN_K: k_hi - k0 is a
+    multiple of BLOCK_K, so the loads need no mask over K (and vectorize)."""
     KP: tl.constexpr = BLOCK_K // 8
     dtype: tl.constexpr = X.dtype.element_ty
     FACTOR: tl.constexpr = (BLOCK_K <= GROUP) and (dtype != tl.float32)
     kp = k0 // 8 + tl.arange(0, KP)
-    ok_p = kp * 8 < k_hi  # K and k_hi are multiples of 8
-    p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + kp[None, :], mask=ok_n[:, None] & ok_p[None, :], other=0)
+    c = tl.arange(0, BLOCK_K)
+    ks = k0 + 8 * (c % KP) + c // KP  # the input of widened column c
+    if EVEN_K:
+        p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + kp[None, :], mask=ok_n[:, None], other=0)
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_m[None, :], other=0.0)  # (BLOCK_K, BLOCK_M)
+    else:
+        ok_p = kp * 8 < k_hi  # K and k_hi are multiples of 8
+        p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + kp[None, :], mask=ok_n[:, None] & ok_p[None, :],
+                    other=0)
+        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=(ks < k_hi)[:, None] & ok_m[None, :], other=0.0)
     if FACTOR:
         s = tl.load(SZ + cols * stride_s + k0 // GROUP, mask=ok_n, other=0.0).to(tl.float32)
         z = tl.load(ZP + cols * stride_s + k0 // GROUP, mask=ok_n, other=0.0).to(tl.float32)
-        part = tl.zeros(acc.shape, dtype=tl.float32)
         off_z = (z + (128.0 if dtype == tl.bfloat16 else 1024.0))[:, None]  # exact in x's dtype
         if not UPCAST:  # subtract in x's dtype, two at a time (`_interpreted_bf16`: not interpreted)
             off_z = off_z.to(dtype)
+        w = _int4_slices(p, off_z, off_z, dtype, True, UPCAST, PTX)
+        part = _dot(w, xt, tl.zeros(acc.shape, dtype=tl.float32), IEEE, UPCAST, False, False)
+        acc += s[:, None] * part
     else:
-        ok = ok_n[:, None] & ok_p[None, :]
         gk = (kp * 8) // GROUP
+        ok = ok_n[:, None] & (gk * GROUP < k_hi)[None, :]
         s = tl.load(SZ + cols[:, None] * stride_s + gk[None, :], mask=ok, other=0.0).to(tl.float32)
         z = tl.load(ZP + cols[:, None] * stride_s + gk[None, :], mask=ok, other=0.0).to(tl.float32)
-    for i in tl.static_range(8):
-        q = (p >> (4 * i)) & 0xF  # (BLOCK_N, KP)
-        ks = kp * 8 + i
-        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_p[:, None] & ok_m[None, :],
-                     other=0.0)  # (KP, BLOCK_M)
-        if FACTOR:
-            if dtype == tl.bfloat16:
-                w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q
-            else:
-                w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q
-            w = ((w.to(tl.float32) - off_z) if UPCAST else (w - off_z)).to(dtype)  # q - z
-            part = _dot(w, xt, part, IEEE, UPCAST, False, False)
-        else:
-            w = ((q.to(tl.float32) - z) * s).to(dtype)
-            acc = _dot(w, xt, acc, IEEE, UPCAST, False, False)
-    if FACTOR:
-        acc += s[:, None] * part
+        w = _int4_slices(p, z, s, dtype, False, UPCAST, PTX)
+        acc = _dot(w, xt, acc, IEEE, UPCAST, False, False)
     return acc
+
+
+@triton.jit
+def _int4_slice(p, i: tl.constexpr, a, b, dtype: tl.constexpr, FACTOR: tl.constexpr, UPCAST: tl.constexpr):
+    """Nibble i of every pack p (BLOCK_N, KP) as x's dtype: FACTOR: q - z with a = off + z (see
+    `_int4_tile`); else (q - z) * s with a = z, b = s (float32, per pack)."""
+    q = (p >> (4 * i)) & 0xF
+    if FACTOR:
+        if dtype == tl.bfloat16:
+            w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q
+        else:
+            w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q
+        w = ((w.to(tl.float32) - a) if UPCAST else (w - a)).to(dtype)  # q - z
+    else:
+        w = ((q.to(tl.float32) - a) * b).to(dtype)
+    return w
+
+
+@triton.jit
+def _int4_slices(p, a, b, dtype: tl.constexpr, FACTOR: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr):
+    """The 8 slices of packs p (BLOCK_N, KP) side by side: (BLOCK_N, 8 KP), column i KP + j =
+    nibble i of pack j (`_int4_slice`; with PTX and FACTOR all 8 at once by `_int4_ptx`)."""
+    if FACTOR and PTX:
+        w0, w1, w2, w3, w4, w5, w6, w7 = _int4_ptx(p, tl.broadcast_to(a, p.shape), dtype)
+    else:
+        w0 = _int4_slice(p, 0, a, b, dtype, FACTOR, UPCAST)
+        w1 = _int4_slice(p, 1, a, b, dtype, FACTOR, UPCAST)
+        w2 = _int4_slice(p, 2, a, b, dtype, FACTOR, UPCAST)
+        w3 = _int4_slice(p, 3, a, b, dtype, FACTOR, UPCAST)
+        w4 = _int4_slice(p, 4, a, b, dtype, FACTOR, UPCAST)
+        w5 = _int4_slice(p, 5, a, b, dtype, FACTOR, UPCAST)
+        w6 = _int4_slice(p, 6, a, b, dtype, FACTOR, UPCAST)
+        w7 = _int4_slice(p, 7, a, b, dtype, FACTOR, UPCAST)
+    w = tl.join(tl.join(tl.join(w0, w1), tl.join(w2, w3)), tl.join(tl.join(w4, w5), tl.join(w6, w7)))
+    # w (BLOCK_N, KP, 2, 2, 2) is [n, j, i % 2, i // 2 % 2, i // 4]: put i before j, then merge
+    return tl.reshape(tl.permute(w, (0, 4, 3, 2, 1)), (w.shape[0], 8 * w.shape[1]))
+
+
+def _int4_ptx_text(magic: str, sub: str) -> str:
+    """`_int4_ptx`'s PTX: outputs $0..$7 (slice i = nibble i of packs $8 and $9, as off + q in two
+    16-bit lanes, minus $10 = off + z twice)."""
+    steps = []
+    for i in range(8):
+        src, shift = ("lo", "hi")[i // 4], 4 * (i % 4)
+        steps.append(f"shr.u32 t, {src}, {shift};" if shift else f"mov.b32 t, {src};")
+        steps.append(f"lop3.b32 t, t, 0x000F000F, {magic}, 0xea; {sub} ${i}, t, $10;")  # 0xea: (a & b) | c
+    return ("{ .reg .b32 lo, hi, t; prmt.b32 lo, $8, $9, 0x5410; prmt.b32 hi, $8, $9, 0x7632; "
+            + " ".join(steps) + " }")
+
+
+_INT4_PTX_BF16 = tl.constexpr(_int4_ptx_text("0x43004300", "sub.rn.bf16x2"))
+_INT4_PTX_F16 = tl.constexpr(_int4_ptx_text("0x64006400", "sub.rn.f16x2"))
+
+
+@triton.jit
+def _int4_ptx(p, off_z, dtype: tl.constexpr):
+    """The 8 slices `_int4_slice` makes with FACTOR, two packs per step in PTX: the low and the high
+    halves of two packs are gathered into one register each (prmt), so one shift and one lop3 give
+    nibble i of both packs as the bits of off + q in two 16-bit lanes, and one packed subtraction of
+    off + z (off_z, broadcast to p's shape, x's dtype) leaves q - z: 1.5 instructions a weight,
+    half of what the elementwise form compiles to."""
+    if dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(_INT4_PTX_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [p, off_z],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise(_INT4_PTX_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [p, off_z],
+                                         dtype=(tl.float16,) * 8, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -374,11 +440,16 @@ def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr
     return acc
 
 
+def _interpreting() -> bool:
+    """Whether Triton interprets the kernels (TRITON_INTERPRET=1: CPU tensors, no inline PTX)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _interpreted_bf16(dtype: torch.dtype) -> bool:
     """Triton 3.9's CPU interpreter returns garbage from `tl.dot` on bfloat16 tiles (float16 and
     float32 are right), so there the dot kernel upcasts them: bf16 x bf16 products are exact in
     float32, the result is the same up to summation order."""
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return dtype == torch.bfloat16 and _interpreting()
 
 
 @dataclass(frozen=True)
@@ -438,11 +509,14 @@ def dot_config(m: int, n: int, k: int, w_bytes: float, x_bytes: int, *, fp8: boo
     split_k = lc.split_k
     bm = max(16, triton.next_power_of_2(m))
     if int4:
-        # widening the packed ints costs instructions, not bytes: 128 weight rows over 8 warps issue
-        # the fewest per weight without spilling at 1-128 rows (ptxas, sm_90); 128-wide K steps, one
-        # group of the usual 128 (its scale applied once per tile); K split in 4 where N <= 8192 as fp8
-        bn, bk = block_n or 128, block_k or 128
-        num_warps, split_k = num_warps or 8, split_k or (1 if n > 8192 or bm > 16 else 4)
+        # the H100's best (benchmarks/results/int4_h100): at 1-16 rows 64 weight rows over 4 warps, K
+        # split so a program streams ~8 tiles where N <= 8192 (4 ways at K 4096, 8 at 14336; small
+        # kernels need many programs in flight); from 32 rows 128 over 8 warps (fewer x reloads), K
+        # split 4 where N <= 8192; 128-wide K steps: one group of the usual 128 (scale once per tile)
+        small = bm <= 16
+        bn, bk = block_n or (64 if small else 128), block_k or 128
+        num_warps = num_warps or (4 if small else 8)
+        split_k = split_k or (1 if n > 8192 else min(8, max(1, k // 1024)) if small else 4)
     elif fp8:
         # the H200's best at 1-256 rows (docs/decisions.md): at 1-16 rows and N <= 8192 (qkv, o,
         # down) 64 weight rows per program, 4 warps, 4 stages, else 128, 8 warps, 3 stages; K in
@@ -645,7 +719,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
-            GROUP=w4.group_size if int4 else 1, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
+            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and not _interpreting(), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
