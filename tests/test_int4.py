@@ -312,8 +312,9 @@ def test_qwen2_awq_checkpoint_keeps_its_biases_and_slices_at_tp2(make_checkpoint
 
 def test_derived_int4_profile_recomputes_the_forwards_weight_bytes():
     """`profile derive --weight-format int4`: forward and layers rows shrink by exactly the bytes
-    the int4 weights save (math and the rest kept), every other row is copied, the label says so,
-    and the bundled `h200-int4-derived` is that derivation."""
+    the int4 weights save (math and the rest kept), every other row is copied, the label says so.
+    The bundled `h200-int4-derived` is the other derivation, of the measured `h100-int4` rows to
+    the H200's datasheet (the measured kernels' share of the bandwidth kept), and it stays int4."""
     from swiftspec.sim.derive import _spec, row_work
     from swiftspec.sim.derive_format import derive_weight_format
     from swiftspec.sim.hardware import HardwareSpec
@@ -337,8 +338,13 @@ def test_derived_int4_profile_recomputes_the_forwards_weight_bytes():
     assert by / bw > f / (hw.bf16_tflops * 1e9)  # 1 token: bytes-bound
     want = r.ms - (by - b4) / bw
     assert abs(float(b.loc[r.name, "ms"]) - want) < 1e-9
+    from swiftspec.sim.derive import derive_profile
+
+    h100 = Profile.load("builtin:h100-int4")
+    want = derive_profile(h100, HardwareSpec.load("builtin:h100-sxm"), hw, "builtin:h100-int4")
     bundled = Profile.load("builtin:h200-int4-derived")
-    assert bundled.compute["ms"].round(9).tolist() == b["ms"].round(9).tolist()
+    assert bundled.compute["ms"].round(9).tolist() == want.compute["ms"].round(9).tolist()
+    assert bundled.meta["weight_format"] == "int4" and "int4 weights" in bundled.label
     with pytest.raises(UserError, match="from native rows"):
         derive_weight_format(got, "int4", hw, "x")
 

@@ -10,8 +10,11 @@ bandwidth: the same kernels launch the same number of times):
     ms' = max(bytes' / B, flops / F) + (ms - max(bytes / B, flops / F))
 
 The other rows (embedding, LM head: AWQ keeps it in the model dtype; tree growth, KV moves, host,
-collectives) do not depend on the GEMM weights and are copied. The result is a prediction of what
-a measured int4 profile would hold, labelled derived in every output, until one is measured.
+collectives) do not depend on the GEMM weights and are copied. The result is labelled derived in
+every output. It assumes the quantized kernels keep the native ones' share of the bandwidth; the
+W4A16 kernel does not yet (an H100's measured int4 forwards, `h100-int4`, are 1.2-2.0x this
+derivation of `h100-measured`), so for int4 it is a bound, not a forecast: the bundled
+`h200-int4-derived` is scaled from the measured int4 rows instead (`sim/derive.py`).
 """
 
 from __future__ import annotations
