@@ -445,6 +445,12 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _ptx() -> bool:
+    """Whether the kernels compile for an NVIDIA GPU, where inline PTX may run (not interpreted, not
+    ROCm)."""
+    return not _interpreting() and torch.version.hip is None
+
+
 def _interpreted_bf16(dtype: torch.dtype) -> bool:
     """Triton 3.9's CPU interpreter returns garbage from `tl.dot` on bfloat16 tiles (float16 and
     float32 are right), so there the dot kernel upcasts them: bf16 x bf16 products are exact in
@@ -719,7 +725,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
-            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and not _interpreting(), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
+            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
