@@ -16,11 +16,15 @@ so acceptance is partial and every accept / reject / re-root path runs):
 
 from __future__ import annotations
 
+import collections
 import math
+import os
 import random
+import traceback
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from swiftspec.runtime.decoder import ModelRunner
 from swiftspec.runtime.device_loop import LoopPlan
@@ -214,6 +218,55 @@ def test_device_loop_equals_host_loop(models, profile, name: str, kind: str) -> 
         assert dv.pos == hv.pos and dv.last_bonus_rank == hv.last_bonus_rank
     elif isinstance(hv, SamplingVerifier):
         assert dv.produced == hv.produced == sum(accepted)
+
+
+# ---- 2b. capturable: nothing in an iteration reads the device from the host ------------------
+
+# aten ops that stop a CUDA graph capture: a device value read on the host (.item(), nonzero,
+# boolean-mask indexing) or host data copied in (torch.tensor of a Python list)
+SYNCING = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+           "aten.lift_fresh.default", "aten.is_nonzero.default", "aten.equal.default"}
+
+
+class SyncingOps(TorchDispatchMode):
+    """Counts the `SYNCING` ops (and indexing by a boolean tensor) run under it, by op and by the
+    device_loop.py line that ran it."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        index = args[1] if name.startswith("aten.index") and len(args) > 1 else None
+        by_mask = isinstance(index, (list, tuple)) and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                           for i in index)
+        if name in SYNCING or by_mask:
+            lines = [f.lineno for f in traceback.extract_stack() if f.filename.endswith(os.path.join("runtime", "device_loop.py"))]
+            self.found[(name, lines[-1] if lines else None)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["greedy", "sampled-T0.8", "synthetic"])
+@pytest.mark.parametrize("name", ["chain4", "bs10-w3-d4", "bs6-w2-d5-keep", "static9"])
+def test_device_loop_iteration_never_syncs(models, profile, name: str, kind: str) -> None:
+    """The torch form of an iteration (what CUDA captures for a kept subtree, and the fused
+    kernels' reference) runs no op that reads a device value on the host or copies host data in:
+    any of them would break the CUDA graph of the iteration."""
+    mode, policy, keep = POLICY_CASES[name]
+    target, noisy = models
+    new_verifier, rank_lp = _verifier_and_rank_lp(kind, profile, seed=1)
+    sampling = GREEDY if kind == "synthetic" else VERIFY_CASES[kind]
+    t, d = make_runners(target, noisy, 7, 48, policy)
+    decode(target, noisy, [3, 17, 42, 99, 5, 61, 7], mode, policy, 48, loop="device", keep=keep, sampling=sampling,
+           verifier=new_verifier(), rank_lp=rank_lp, runners=(t, d))  # fmt: skip
+    (loop,) = t.loops.values()
+    ops = SyncingOps()
+    with torch.no_grad(), ops:
+        for _ in range(4):
+            loop.draft_round()
+            loop.verify_and_update()
+    assert not ops.found, f"syncing ops in an iteration (op, device_loop.py line): {dict(ops.found)}"
 
 
 # ---- 3. lossless sampling -------------------------------------------------------------------
