@@ -10,10 +10,11 @@ bf16 weights through the skinny linear's default (`gemv`, up to 256 rows) and cu
 fp8 weights through their default; int4 weights (`quantize_int4`, groups of 128) through the
 default and, unless --quick, the variants: 256-wide K steps (two groups a tile, so every slice is
 dequantized instead of the group's scale applied once, `bk256`), K split 1 / 2 / 4 / 8 / 16 ways
-(`k1`...; 128 weight rows over 8 warps) and 64 weight rows over 4 warps a program (`bn64`, split as
-the default, or `bn64_k1`...). floor_us = the variant's weight bytes (int4: packed ints + fp16
-scales + zeros) / the device-to-device copy bandwidth measured in the same run. Every variant is
-checked against float32 products of the weights it stands for (rel_err).
+(`k1`...; 128 weight rows over 8 warps), 64 weight rows over 4 warps a program (`bn64`, split as the
+default, or `bn64_k1`...) and x gathered one tile ahead (`ahead`, `bn128_ahead`). floor_us = the
+variant's weight bytes (int4: packed ints + fp16 scales + zeros) / the device-to-device copy
+bandwidth measured in the same run. Every variant is checked against float32 products of the
+weights it stands for (rel_err).
 Writes DIR/bench_w4a16.csv and DIR/bench_w4a16.json (run_metadata, copy bandwidth, rows).
 """
 
@@ -47,6 +48,8 @@ def _variants(quick: bool) -> dict[str, GemvLaunch]:
         out.update({f"int4_k{k}": GemvLaunch(split_k=k) for k in (1, 2, 4, 8, 16)})
         out["int4_bn64"] = GemvLaunch(block_n=64, num_warps=4)
         out.update({f"int4_bn64_k{k}": GemvLaunch(block_n=64, num_warps=4, split_k=k) for k in (1, 2, 8, 16)})
+        out["int4_ahead"] = GemvLaunch(int4_x_ahead=True)
+        out["int4_bn128_ahead"] = GemvLaunch(block_n=128, num_warps=8, int4_x_ahead=True)
     return out
 
 

@@ -35,6 +35,7 @@ from swiftspec.kernels.gemv import DotConfig  # noqa: E402
 SHAPES = {
     "bf16 64 x 128, 1-16 rows": (0, 16, 64, 128, 4, 4),
     "int4 default, 1-16 rows": (128, 16, 64, 128, 4, 4),
+    "int4 x one tile ahead, 1-16 rows": (128, 16, 64, 128, 4, 4),
     "int4 default, 32 rows": (128, 32, 128, 128, 8, 4),
     "int4 default, 64 rows": (128, 64, 128, 128, 8, 4),
     "int4 default, 128 rows": (128, 128, 128, 128, 8, 4),
@@ -74,7 +75,7 @@ def main() -> None:
     rows = []
     for name, (group, m, bn, bk, warps, split) in SHAPES.items():
         cfg = DotConfig(m, bn, bk, warps, 5, split)
-        kernel = compile_check.compile_gemv(cfg, False, "", "bf16", 90, group)
+        kernel = compile_check.compile_gemv(cfg, False, "", "bf16", 90, group, int4_x_ahead="ahead" in name)
         res = compile_check.resources(kernel)
         facts = loop_facts(kernel)
         per_weight = facts["loop_instructions"] * warps / (bn * bk)

@@ -71,6 +71,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
                        SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr,
+                       X_AHEAD: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
                        HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
@@ -127,10 +128,20 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
             acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok, stride_r, IEEE, UPCAST, HAS_RES)
     else:
         grid_sync(PDL)
+    if INT4 and X_AHEAD:  # int4: each tile's x gathered one tile ahead (`GemvLaunch.int4_x_ahead`)
+        x_next = _int4_x(X, rows, ok_m, k_first, k_hi, stride_x, BLOCK_K, EVEN_K)
     for k0 in range(k_first, k_hi, BLOCK_K):
         if INT4:
-            acc = _int4_tile(W, SZ, ZP, X, acc, cols, rows, ok_n, ok_m, k0, k_hi, stride_w, stride_s, stride_x, GROUP,
-                             BLOCK_K, EVEN_K, IEEE, UPCAST, PTX)
+            if X_AHEAD:
+                xt = x_next
+                k_next = k0 + BLOCK_K  # past k_hi: masked, or (EVEN_K) the last tile again, in bounds and unused
+                if EVEN_K:
+                    k_next = tl.minimum(k_next, k_hi - BLOCK_K)
+                x_next = _int4_x(X, rows, ok_m, k_next, k_hi, stride_x, BLOCK_K, EVEN_K)
+            else:
+                xt = _int4_x(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K, EVEN_K)
+            acc = _int4_tile(W, SZ, ZP, xt, acc, cols, ok_n, k0, k_hi, stride_w, stride_s, GROUP, BLOCK_K, EVEN_K, IEEE,
+                             UPCAST, PTX)
         else:
             ks = k0 + tl.arange(0, BLOCK_K)
             ok_k = ks < k_hi
@@ -175,18 +186,28 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
 
 
 @triton.jit
-def _int4_tile(W, SZ, ZP, X, acc, cols, rows, ok_n, ok_m, k0, k_hi, stride_w, stride_s, stride_x, GROUP: tl.constexpr,
-               BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-               PTX: tl.constexpr):
+def _int4_x(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The x tile `_int4_tile` dots, (BLOCK_K, BLOCK_M): row c holds input k0 + 8 (c % KP) + c // KP
+    (KP = BLOCK_K / 8), zero at and beyond k_hi unless EVEN_K."""
+    KP: tl.constexpr = BLOCK_K // 8
+    c = tl.arange(0, BLOCK_K)
+    ks = k0 + 8 * (c % KP) + c // KP  # the input of widened column c
+    ok = ok_m[None, :] if EVEN_K else (ks < k_hi)[:, None] & ok_m[None, :]
+    return tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)
+
+
+@triton.jit
+def _int4_tile(W, SZ, ZP, xt, acc, cols, ok_n, k0, k_hi, stride_w, stride_s, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+               EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr):
     """acc (BLOCK_N, BLOCK_M) += the int4 weight tile of rows `cols`, inputs k0 + arange(BLOCK_K)
-    below k_hi, @ the x tile of the same inputs.
+    below k_hi, @ xt, the x tile of the same inputs in `_int4_x`'s order.
 
     Packed int32 j of a row holds inputs 8j..8j+7 (nibble i: input 8j + i). The tile's (BLOCK_N,
     KP = BLOCK_K / 8) packs are widened into 8 slices, slice i = nibble i of every pack, and the
     slices are laid side by side (column i KP + j = input k0 + 8j + i) by joins, a permute and a
     reshape that move no data: each thread holds the packs of the columns it feeds the MMA, so the
     widened tile is already the dot's operand and one dot takes the whole tile. x is gathered in
-    the same column order. A sum over K may add in any order, so only the pairing matters.
+    the same column order (`_int4_x`). A sum over K may add in any order, so only the pairing matters.
     One group per tile (BLOCK_K <= GROUP) and bf16 / fp16 x: a slice enters the tensor cores as
     the exact integers q - z, made without a conversion instruction: the bits q OR those of
     off = 128 (bf16) / 1024 (fp16) are the number off + q, minus off + z in x's dtype (zero points
@@ -195,19 +216,15 @@ def _int4_tile(W, SZ, ZP, X, acc, cols, rows, ok_n, ok_m, k0, k_hi, stride_w, st
     (q - z) * s with its packs' scales and zeros, rounded to x's dtype. EVEN_K: k_hi - k0 is a
     multiple of BLOCK_K, so the loads need no mask over K (and vectorize)."""
     KP: tl.constexpr = BLOCK_K // 8
-    dtype: tl.constexpr = X.dtype.element_ty
+    dtype: tl.constexpr = xt.dtype
     FACTOR: tl.constexpr = (BLOCK_K <= GROUP) and (dtype != tl.float32)
     kp = k0 // 8 + tl.arange(0, KP)
-    c = tl.arange(0, BLOCK_K)
-    ks = k0 + 8 * (c % KP) + c // KP  # the input of widened column c
     if EVEN_K:
         p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + kp[None, :], mask=ok_n[:, None], other=0)
-        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok_m[None, :], other=0.0)  # (BLOCK_K, BLOCK_M)
     else:
         ok_p = kp * 8 < k_hi  # K and k_hi are multiples of 8
         p = tl.load(W + cols[:, None].to(tl.int64) * stride_w + kp[None, :], mask=ok_n[:, None] & ok_p[None, :],
                     other=0)
-        xt = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=(ks < k_hi)[:, None] & ok_m[None, :], other=0.0)
     if FACTOR:
         s = tl.load(SZ + cols * stride_s + k0 // GROUP, mask=ok_n, other=0.0).to(tl.float32)
         z = tl.load(ZP + cols * stride_s + k0 // GROUP, mask=ok_n, other=0.0).to(tl.float32)
@@ -476,7 +493,9 @@ class GemvLaunch:
     `gemv_config`; benchmarks, tests). split_k > 1 (kind "dot") splits K over that many programs per
     column block. x_f16 (fp8 weights, bf16/fp16 x): convert x to float16 once before the launch
     instead of in every program at every K step: the same result bit for bit, meant for many rows,
-    where the x tile outgrows the weight tile (not measured, so off by default)."""
+    where the x tile outgrows the weight tile (not measured, so off by default). int4_x_ahead (int4
+    weights): gather the next tile's x while this tile's MMA runs, so the gather's L2 latency is
+    not paid once per tile (not measured, so off by default)."""
 
     block_n: int | None = None
     block_k: int | None = None
@@ -484,6 +503,7 @@ class GemvLaunch:
     num_stages: int | None = None
     split_k: int | None = None
     x_f16: bool = False
+    int4_x_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -655,6 +675,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
         if kind != "dot" or scale is not None or rms_eps is not None or x_f16:
             raise ValueError("int4 weights need kind 'dot', no scale, no rms_eps and no x_f16")
         w4, weight = weight, weight.qweight
+    elif lc.int4_x_ahead:
+        raise ValueError("int4_x_ahead needs int4 weights")
     fp8 = weight.dtype == FP8
     if fp8 != (scale is not None):
         raise ValueError("fp8 weights need their scale (N,), and only fp8 weights take one")
@@ -725,7 +747,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
-            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
+            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), X_AHEAD=int4 and lc.int4_x_ahead, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
