@@ -129,7 +129,10 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     else:
         grid_sync(PDL)
     if INT4 and X_AHEAD:  # int4: each tile's x gathered one tile ahead (`GemvLaunch.int4_x_ahead`)
-        x_next = _int4_x(X, rows, ok_m, k_first, k_hi, stride_x, BLOCK_K, EVEN_K)
+        k_next = k_first
+        if EVEN_K:  # a split past K (no tiles): its last tile's place instead, in bounds and unused
+            k_next = tl.minimum(k_next, k_hi - BLOCK_K)
+        x_next = _int4_x(X, rows, ok_m, k_next, k_hi, stride_x, BLOCK_K, EVEN_K)
     for k0 in range(k_first, k_hi, BLOCK_K):
         if INT4:
             if X_AHEAD:
