@@ -35,6 +35,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import mangle_type
 
+from swiftspec.kernels import interpreting
 from swiftspec.kernels import tree_attention_ws as ws
 from swiftspec.kernels.gemv import DotConfig, _skinny_dot_kernel
 from swiftspec.kernels.tree_attention import TreeAttentionConfig, _tree_attn_kernel
@@ -74,7 +75,7 @@ def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]]
     """Compile `_tree_attn_kernel` once per (cfg, head_dim, group) for sm_<capability> (split-KV
     partials when cfg.num_splits > 1, separate combine) and report each one's resources.
     dtype: "bf16", "fp16" or "fp32" (Triton type names)."""
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if not interpreting():
         return [_report(cfg, d, g, dtype, capability) for cfg, d, g in items]
     return _in_child("tree_attention", [[dataclasses.asdict(c), d, g] for c, d, g in items], dtype, capability)
 
@@ -85,7 +86,7 @@ def gemv_reports(items: Sequence[tuple[DotConfig, bool, str]], dtype: str = "bf1
     rms: the RMSNorm kind with a residual, `gemv(rms_eps=, residual=)`; epilogue "", "swiglu"
     (`gemv(act="swiglu")`) or "rope" (`gemv(rope=...)`, head dim 128)) with weights and x in `dtype`;
     int4_group > 0: int4 weights of that group size (`kernels.int4.Int4Weight`) and x in `dtype`."""
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if not interpreting():
         return [resources(compile_gemv(cfg, rms, epi, dtype, capability, int4_group)) for cfg, rms, epi in items]
     return _in_child("gemv", [[dataclasses.asdict(c), r, e] for c, r, e in items], dtype, capability,
                      int4_group=int4_group)
@@ -108,7 +109,7 @@ def ws_attention_reports(items: Sequence[tuple[int, int, int, int, bool, bool]],
     """Compile the Gluon tree attention (`tree_attention_ws._ws_attn_kernel`, bf16) once per
     (block_n, stages, head_dim, group, q_smem, pdl) for sm_<capability>, with K/V
     descriptors as a launch builds them and 16-divisible pointers and strides."""
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if not interpreting():
         return [_ws_report(*item, capability) for item in items]
     out = _in_child("ws", [list(i) for i in items], "bf16", capability, raw=True)
     return [WsCompileReport(CompileReport(**r.pop("report")), **r) for r in out]

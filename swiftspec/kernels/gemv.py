@@ -19,7 +19,6 @@ The model runs it with `KernelConfig.linear` "triton" (the CUDA default) for for
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from swiftspec.kernels import interpreting
 from swiftspec.kernels.int4 import Int4Weight, check_group, dequantize
 from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
 from swiftspec.kernels.rope_kv import _check as check_rope  # the shapes `rope_kv` takes
@@ -460,22 +460,17 @@ def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr
     return acc
 
 
-def _interpreting() -> bool:
-    """Whether Triton interprets the kernels (TRITON_INTERPRET=1: CPU tensors, no inline PTX)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _ptx() -> bool:
     """Whether the kernels compile for an NVIDIA GPU, where inline PTX may run (not interpreted, not
     ROCm)."""
-    return not _interpreting() and torch.version.hip is None
+    return not interpreting() and torch.version.hip is None
 
 
 def _interpreted_bf16(dtype: torch.dtype) -> bool:
     """Triton 3.9's CPU interpreter returns garbage from `tl.dot` on bfloat16 tiles (float16 and
     float32 are right), so there the dot kernel upcasts them: bf16 x bf16 products are exact in
     float32, the result is the same up to summation order."""
-    return dtype == torch.bfloat16 and _interpreting()
+    return dtype == torch.bfloat16 and interpreting()
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ When the dependents may launch is the mode (`pdl=` of every kernel; `pdl_mode`):
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from swiftspec.kernels import interpreting
 
 PDL_MODES = ("off", "early", "late", "early-nopeel")
 
@@ -73,7 +73,7 @@ def pdl_available(device: torch.device | str) -> bool:
     """True where PDL launches work: a CUDA device of compute capability >= 9.0, not Triton's CPU
     interpreter (which has no grid dependency control)."""
     device = torch.device(device)
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if device.type != "cuda" or interpreting():
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 

@@ -62,13 +62,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from swiftspec.kernels import interpreting
 from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
 
 try:  # host-side TMA descriptors: newer Triton releases only (the TMA loads need them)
@@ -518,10 +518,6 @@ SPLIT_COST = {"kernel": KERNEL_COST, "separate": SEPARATE_COST}
 COMBINE_MODES = ("separate", "kernel")
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def prefix_tensor(prefix_len: torch.Tensor | int, device: torch.device) -> torch.Tensor:
     """prefix_len as the (1,) device tensor the kernels read: a view of a tensor (the kernel reads
     the live value at graph replay time), or a new int32 tensor for an int."""
@@ -710,7 +706,7 @@ def tree_attention(
     m_tiles = triton.cdiv(rows, cfg.block_m)
     ieee = q.dtype == torch.float32
     # Triton's CPU interpreter (3.9) computes bf16 dots wrongly; there, upcast operands to float32.
-    dot_f32 = _interpreting() and q.dtype == torch.bfloat16
+    dot_f32 = interpreting() and q.dtype == torch.bfloat16
     split = cfg.num_splits > 1
     in_kernel = split and combine == "kernel"
     if split:
