@@ -109,3 +109,25 @@ def test_int4_launches_fit_sm90_without_spills():
         assert r.fits and r.spill_bytes == 0, (item, r)
     big = dot_config(256, 4096, 4096, 0.5, 2, int4=True)
     assert compile_check.gemv_reports([(big, False, "")], int4_group=128)[0].spill_bytes > 0
+
+
+def test_prefetch_mode_asks_the_l2_for_each_line_before_the_wait():
+    """PDL "prefetch" (constexpr 4) compiles for sm_90 with one `prefetch.global.L2` per line a
+    thread asks for, all before the grid's wait, and the other modes with none."""
+    from swiftspec.kernels.gemv import dot_config, prefetch_lines
+
+    items, expect = [], []
+    for int4 in (False, True):
+        n, k = 6144, 4096
+        cfg = dot_config(1, n, k, 0.5 if int4 else 2, 2, int4=int4, pdl="prefetch")
+        lines = prefetch_lines(n, k, 4 if int4 else 2, cfg, int4=int4)
+        # (BLOCK_N rows x lines) weight lines over the program's threads, and for int4 a line of
+        # scales and one of zero points per row (a vector of BLOCK_N: at least one per thread)
+        threads = 32 * cfg.num_warps
+        quant = 2 * max(1, cfg.block_n // threads) if int4 else 0
+        for pdl, pf in ((2, 0), (3, 0), (4, lines)):
+            items.append((cfg, "rope", 128 if int4 else 0, pdl, pf))
+            expect.append(cfg.block_n * lines // threads + quant if pf else 0)
+    facts = compile_check.gemv_prefetch_facts(items)
+    assert [f["l2_prefetches"] for f in facts] == expect
+    assert all(f["before_wait"] for f in facts)

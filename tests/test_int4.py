@@ -23,6 +23,7 @@ from swiftspec.kernels.int4 import (
     to_awq,
     unpack_nibbles,
 )
+from swiftspec.kernels.pdl import PDL_MODES, pdl_available
 from swiftspec.kernels.rope_kv import rope_kv
 from swiftspec.kernels.silu_mul import silu_mul
 from swiftspec.runtime.awq import write_awq_checkpoint
@@ -114,19 +115,20 @@ def test_w4a16_equals_reference(dtype, rows, group):
         assert (got.float() - ref.float()).abs().max().item() <= _tol(dtype, ref), launch
 
 
+@pytest.mark.parametrize("x_mode", ["ahead", "permute"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k, group", [(1152, 128), (1000, 8)])
 @interpreted
-def test_w4a16_x_gathered_a_tile_ahead_equals_reference(dtype, k, group):
-    """`GemvLaunch.int4_x_ahead` over up to 9 tiles a program (K 1152: whole tiles, the prefetch
-    past the last one in bounds; K 1000: a partial last tile, masked), in one program and K split 3
-    and 8 ways (K 1152: 2 tiles a split, so splits 5-7 have none)."""
+def test_w4a16_x_ahead_or_permuted_equals_reference(x_mode, dtype, k, group):
+    """`GemvLaunch.int4_x` "ahead" and "permute" over up to 9 tiles a program (K 1152: whole tiles,
+    the prefetch past the last one in bounds; K 1000: a partial last tile, masked), in one program
+    and K split 3 and 8 ways (K 1152: 2 tiles a split, so splits 5-7 have none)."""
     gen = torch.Generator().manual_seed(k)
     w4 = quantize_int4(torch.randn(24, k, generator=gen), group)
     x = torch.randn(3, k, generator=gen).to(dtype)
     ref = gemv_ref(x, w4)
     for split in (1, 3, 8):
-        got = gemv(x, w4, launch=GemvLaunch(split_k=split, int4_x_ahead=True))
+        got = gemv(x, w4, launch=GemvLaunch(split_k=split, int4_x=x_mode))
         assert (got.float() - ref.float()).abs().max().item() <= _tol(dtype, ref), split
 
 
@@ -388,6 +390,10 @@ def test_w4a16_on_the_gpu_equals_reference_at_llama_8b_shapes(n, k):
         for launch in (GemvLaunch(), GemvLaunch(block_k=256)):
             got = gemv(x, w4, launch=launch).float()
             assert (got - ref).abs().max().item() <= 1.6e-2 * max(1.0, ref.abs().max().item()), (rows, launch)
+        if pdl_available("cuda"):  # every PDL mode runs the same arithmetic: equal bit for bit
+            plain = gemv(x, w4)
+            for pdl in PDL_MODES[1:]:
+                assert torch.equal(gemv(x, w4, pdl=pdl), plain), (rows, pdl)
 
 
 @pytest.mark.gpu

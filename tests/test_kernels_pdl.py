@@ -55,13 +55,34 @@ def test_pdl_modes():
     from swiftspec.kernels.gemv import dot_config
     from swiftspec.kernels.pdl import launch_options, pdl_mode
 
-    assert [pdl_mode(m) for m in (False, None, "off", True, "early", "late", "early-nopeel")] == [0, 0, 0, 1, 1, 2, 3]
+    modes = (False, None, "off", True, "early", "late", "early-nopeel", "prefetch")
+    assert [pdl_mode(m) for m in modes] == [0, 0, 0, 1, 1, 2, 3, 4]
     for bad in ("on", 1.5, "LATE"):
         with pytest.raises(ValueError, match="pdl must be"):
             pdl_mode(bad)
     assert launch_options(False) == {} and launch_options("late") == {"launch_pdl": True}
-    stages = {m: dot_config(1, 4096, 4096, 2, 2, pdl=m).num_stages for m in (False, True, "late", "early-nopeel")}
-    assert stages[True] == stages[False] - 1 and stages["late"] == stages["early-nopeel"] == stages[False]
+    stages = {m: dot_config(1, 4096, 4096, 2, 2, pdl=m).num_stages for m in (False, True, "late", "early-nopeel",
+                                                                              "prefetch")}
+    assert stages[True] == stages[False] - 1
+    assert stages["late"] == stages["early-nopeel"] == stages["prefetch"] == stages[False]
+
+
+def test_prefetch_lines_cover_the_slice_within_the_budget():
+    """PDL "prefetch" asks for each program's whole K slice where all programs' lines fit
+    `PREFETCH_BYTES` and `PREFETCH_ROW_LINES`, else the largest power of two that does."""
+    from swiftspec.kernels.gemv import PREFETCH_BYTES, PREFETCH_ROW_LINES, dot_config, prefetch_lines
+
+    # int4 8B qkv at 1 row: K split 4, a slice of 1024 inputs = 128 packed int32s = 4 lines a row
+    cfg = dot_config(1, 6144, 4096, 0.5, 2, int4=True)
+    assert cfg.split_k == 4 and prefetch_lines(6144, 4096, 4, cfg, int4=True) == 4
+    # int4 gate/up (62 MB): the budget, 16 MiB / (28672 rows x 128 B) = 4.57 lines, rounds down to 4
+    cfg = dot_config(1, 28672, 4096, 0.5, 2, int4=True)
+    assert cfg.split_k == 1 and prefetch_lines(28672, 4096, 4, cfg, int4=True) == 4
+    # bf16 o at TP 8 (512 x 8192): a 16 KiB row slice, capped at PREFETCH_ROW_LINES
+    cfg = dot_config(1, 512, 8192, 2, 2)
+    assert prefetch_lines(512, 8192, 2, cfg) == PREFETCH_ROW_LINES
+    # a budget of less than a line a row still asks for one
+    assert prefetch_lines(PREFETCH_BYTES, 4096, 2, dot_config(1, 4096, 4096, 2, 2)) == 1
 
 
 def test_kernels_refuse_pdl_on_cpu():
@@ -120,7 +141,7 @@ def test_gpu_pdl_chain_bit_identical_in_cuda_graph():
                 "mask": ancestor_mask(parents), "move_src": torch.tensor([700, 701, 704, 707], device=dev),
                 "ws": TreeAttentionWorkspace(dev)}  # fmt: skip
 
-    modes = (False, True, "late", "early-nopeel")
+    modes = (False, True, "late", "early-nopeel", "prefetch")
     runs = {}  # equal weights and caches for every variant: the same seed for each
     for mode in modes:
         g.manual_seed(0)

@@ -37,7 +37,7 @@ from triton.runtime.jit import mangle_type
 
 from swiftspec.kernels import interpreting
 from swiftspec.kernels import tree_attention_ws as ws
-from swiftspec.kernels.gemv import DotConfig, _skinny_dot_kernel
+from swiftspec.kernels.gemv import INT4_X_MODES, DotConfig, _skinny_dot_kernel
 from swiftspec.kernels.tree_attention import TreeAttentionConfig, _tree_attn_kernel
 
 # Hopper's per-block shared memory limit (what Triton compares against: 227 KiB).
@@ -90,6 +90,23 @@ def gemv_reports(items: Sequence[tuple[DotConfig, bool, str]], dtype: str = "bf1
         return [resources(compile_gemv(cfg, rms, epi, dtype, capability, int4_group)) for cfg, rms, epi in items]
     return _in_child("gemv", [[dataclasses.asdict(c), r, e] for c, r, e in items], dtype, capability,
                      int4_group=int4_group)
+
+
+def gemv_prefetch_facts(items: Sequence[tuple[DotConfig, str, int, int, int]], capability: int = 90) -> list[dict]:
+    """PDL "prefetch" in the skinny linear's PTX, per (launch shape, epilogue, int4 group (0: bf16
+    weights), pdl constexpr, PF_LINES): {"l2_prefetches": `prefetch.global.L2` instructions per
+    thread, "before_wait": all of them before the grid's wait (griddepcontrol.wait)}."""
+    if interpreting():
+        return _in_child("gemv_prefetch", [[dataclasses.asdict(c), *rest] for c, *rest in items], "bf16", capability,
+                         raw=True)
+    out = []
+    for cfg, epilogue, group, pdl, lines in items:
+        ptx = compile_gemv(cfg, False, epilogue, "bf16", capability, group, pdl=pdl, pf_lines=lines).asm["ptx"]
+        body = ptx[ptx.index(".entry"):]
+        n = body.count("prefetch.global.L2")
+        wait = body.find("griddepcontrol.wait")
+        out.append({"l2_prefetches": n, "before_wait": n == 0 or 0 <= body.rindex("prefetch.global.L2") < wait})
+    return out
 
 
 @dataclass(frozen=True)
@@ -155,18 +172,20 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool =
 
 @functools.lru_cache(maxsize=256)
 def compile_gemv(cfg: DotConfig, rms: bool, epilogue: str, dtype: str = "bf16", capability: int = 90,
-                 int4_group: int = 0, int4_x_ahead: bool = False):
+                 int4_group: int = 0, int4_x: str = "gather", pdl: int = 0, pf_lines: int = 0):
     """The skinny linear's dot kernel compiled for sm_<capability> (`gemv_reports`' arguments;
-    int4_x_ahead: `GemvLaunch.int4_x_ahead`), as Triton's CompiledKernel: `asm["cubin"]` holds the
-    machine code. Not under TRITON_INTERPRET=1."""
+    int4_x: `GemvLaunch.int4_x`; pdl: `pdl.pdl_mode`'s constexpr, pf_lines: its
+    `PF_LINES` under PDL "prefetch"), as Triton's CompiledKernel: `asm["cubin"]` holds the machine
+    code. Not under TRITON_INTERPRET=1."""
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
     pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC", "SZ", "ZP")
     ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
             "stride_vc_h", "stride_vc_s", "HQ", "HKV", "stride_s")
-    constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "EVEN_K": True, "PTX": int4_group > 0, "X_AHEAD": int4_x_ahead, "HAS_BIAS": False, "HAS_SCALE": False,
+    constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "EVEN_K": True, "PTX": int4_group > 0, "X_MODE": INT4_X_MODES.index(int4_x), "HAS_BIAS": False, "HAS_SCALE": False,
                   "IEEE": dtype == "fp32", "UPCAST": False, "F16": False, "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
                   "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                  "BLOCK_K": cfg.block_k, "PDL": False}
+                  "BLOCK_K": cfg.block_k, "PDL": pdl, "PF_LINES": pf_lines,
+                  "PER_LINE": 32 if int4_group else 128 // {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]}
     types = {"S": "*fp32", "P": "*fp32", "SQ": "*fp32", "SLOTS": "*i64"}
     if int4_group:
         types.update(W="*i32", SZ="*fp16", ZP="*fp16")
@@ -221,6 +240,9 @@ if __name__ == "__main__":  # the child of the *_reports functions under TRITON_
     if job["kernel"] == "ws":
         print(json.dumps([dataclasses.asdict(r)
                           for r in ws_attention_reports([tuple(i) for i in job["items"]], job["capability"])]))
+        sys.exit(0)
+    if job["kernel"] == "gemv_prefetch":
+        print(json.dumps(gemv_prefetch_facts([(DotConfig(**c), *rest) for c, *rest in job["items"]], job["capability"])))
         sys.exit(0)
     if job["kernel"] == "gemv":
         reports = gemv_reports([(DotConfig(**c), r, e) for c, r, e in job["items"]], job["dtype"], job["capability"],

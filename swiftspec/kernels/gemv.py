@@ -40,6 +40,12 @@ MAX_ROWS_FP8 = MAX_ROWS_DOT  # fp8 weights: every forward (cuBLAS has no bf16 x 
 SPLIT_RULES = ((32, 4096, 4), (40, 8192, 2))
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
+# PDL "prefetch": the bytes of weights (all programs together) a skinny linear asks the L2 for before
+# its wait, and the most 128-byte lines per weight row of a program: a third of the H100's / H200's
+# 50 MB L2, so the lines can outlive the predecessor's own streaming until they are read.
+PREFETCH_BYTES = 16 << 20
+PREFETCH_ROW_LINES = 32
+INT4_X_MODES = ("gather", "ahead", "permute")  # `GemvLaunch.int4_x`; the kernel's X_MODE is the index
 INT4_TILE_ROWS = 128  # int4 rows per launch: a 256-row tile spills registers (sm_90)
 MAX_ROWS_INT4 = MAX_ROWS_DOT  # int4 weights: every forward up to a prefill chunk (no int4 GEMM in torch)
 
@@ -71,11 +77,12 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
                        SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr,
-                       X_AHEAD: tl.constexpr,
+                       X_MODE: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
                        HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                       PF_LINES: tl.constexpr = 0, PER_LINE: tl.constexpr = 1):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
     # SPLIT_K > 1: program (i, s) sums the s-th K slice into its own float32 partial in P
@@ -93,6 +100,9 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     # so the epilogue rotates its pairs (`_rope_store`) and writes q to Y, k and v to the caches.
     # INT4: W is packed int4 (N, K / 8) int32 with scales SZ and zero points ZP (N, K / GROUP)
     # float16 (`kernels.int4.Int4Weight`), taken a tile at a time by `_int4_tile`.
+    # PF_LINES > 0 (PDL "prefetch"): before its wait each program asks the L2 for the first
+    # PF_LINES 128-byte lines (PER_LINE elements of W each) of its rows' K slice, and for int4 the
+    # slice's scales and zeros, so its stream starts from the L2 (`_prefetch_l2`).
     rows = tl.arange(0, BLOCK_M)
     ok_m = rows < M
     if SWIGLU or ROPE:
@@ -127,8 +137,18 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
         if RMS:
             acc_r, sq = _rms_tile(w, xt, acc_r, sq, RES, NEW_RES, rows, ks, ok, stride_r, IEEE, UPCAST, HAS_RES)
     else:
+        if PF_LINES > 0:
+            el_lo = k_lo // 8 if INT4 else k_lo  # in elements of W (int4: packed int32s)
+            el_hi = k_hi // 8 if INT4 else k_hi
+            lines = el_lo + tl.arange(0, PF_LINES) * PER_LINE
+            row_base = W + cols[:, None].to(tl.int64) * stride_w
+            _prefetch_l2(row_base + lines[None, :], ok_n[:, None] & (lines < el_hi)[None, :], W)
+            if INT4:
+                _prefetch_l2(SZ + cols * stride_s + k_lo // GROUP, ok_n, SZ)
+                _prefetch_l2(ZP + cols * stride_s + k_lo // GROUP, ok_n, ZP)
         grid_sync(PDL)
-    if INT4 and X_AHEAD:  # int4: each tile's x gathered one tile ahead (`GemvLaunch.int4_x_ahead`)
+    X_AHEAD: tl.constexpr = X_MODE == 1
+    if INT4 and X_AHEAD:  # int4: each tile's x gathered one tile ahead (`GemvLaunch.int4_x` "ahead")
         k_next = k_first
         if EVEN_K:  # a split past K (no tiles): its last tile's place instead, in bounds and unused
             k_next = tl.minimum(k_next, k_hi - BLOCK_K)
@@ -141,6 +161,8 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
                 if EVEN_K:
                     k_next = tl.minimum(k_next, k_hi - BLOCK_K)
                 x_next = _int4_x(X, rows, ok_m, k_next, k_hi, stride_x, BLOCK_K, EVEN_K)
+            elif X_MODE == 2:
+                xt = _int4_x_permuted(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K, EVEN_K)
             else:
                 xt = _int4_x(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K, EVEN_K)
             acc = _int4_tile(W, SZ, ZP, xt, acc, cols, ok_n, k0, k_hi, stride_w, stride_s, GROUP, BLOCK_K, EVEN_K, IEEE,
@@ -189,6 +211,14 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
 
 
 @triton.jit
+def _prefetch_l2(ptrs, mask, safe):
+    """Ask the L2 for the 128-byte line of each pointer where `mask` holds (no register is written,
+    nothing waits for it); elsewhere for `safe`'s line, so every address stays in bounds."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [tl.where(mask, ptrs, safe)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _int4_x(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """The x tile `_int4_tile` dots, (BLOCK_K, BLOCK_M): row c holds input k0 + 8 (c % KP) + c // KP
     (KP = BLOCK_K / 8), zero at and beyond k_hi unless EVEN_K."""
@@ -197,6 +227,18 @@ def _int4_x(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K: tl.constexpr, EVEN_K: tl
     ks = k0 + 8 * (c % KP) + c // KP  # the input of widened column c
     ok = ok_m[None, :] if EVEN_K else (ks < k_hi)[:, None] & ok_m[None, :]
     return tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)
+
+
+@triton.jit
+def _int4_x_permuted(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """`_int4_x`'s tile from a contiguous load (one the pipeliner can stream like the weights)
+    rearranged in registers: input 8p + i (row [p, i] of a (KP, 8) view) to row i KP + p."""
+    KP: tl.constexpr = BLOCK_K // 8
+    ks = k0 + tl.arange(0, BLOCK_K)
+    ok = ok_m[None, :] if EVEN_K else (ks < k_hi)[:, None] & ok_m[None, :]
+    x = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)  # (BLOCK_K, BLOCK_M)
+    BLOCK_M: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(x, (KP, 8, BLOCK_M)), (1, 0, 2)), (BLOCK_K, BLOCK_M))
 
 
 @triton.jit
@@ -491,9 +533,12 @@ class GemvLaunch:
     `gemv_config`; benchmarks, tests). split_k > 1 (kind "dot") splits K over that many programs per
     column block. x_f16 (fp8 weights, bf16/fp16 x): convert x to float16 once before the launch
     instead of in every program at every K step: the same result bit for bit, meant for many rows,
-    where the x tile outgrows the weight tile (not measured, so off by default). int4_x_ahead (int4
-    weights): gather the next tile's x while this tile's MMA runs, so the gather's L2 latency is
-    not paid once per tile (not measured, so off by default)."""
+    where the x tile outgrows the weight tile (not measured, so off by default). int4_x (int4
+    weights): how each tile's x reaches the dot in `_int4_x`'s order: "gather" (a gathering load
+    per tile), "ahead" (the next tile's gathered while this tile's MMA runs, so the gather's L2
+    latency is not paid once per tile) or "permute" (a contiguous load, which the pipeliner can
+    stream ahead like the weights, rearranged in registers); the last two are not measured, so
+    "gather" is the default."""
 
     block_n: int | None = None
     block_k: int | None = None
@@ -501,7 +546,7 @@ class GemvLaunch:
     num_stages: int | None = None
     split_k: int | None = None
     x_f16: bool = False
-    int4_x_ahead: bool = False
+    int4_x: str = "gather"
 
 
 @dataclass(frozen=True)
@@ -563,6 +608,18 @@ def dot_config(m: int, n: int, k: int, w_bytes: float, x_bytes: int, *, fp8: boo
     room = SHARED_BYTES - (stage_bytes if pdl_mode(pdl) == 1 else 0)
     num_stages = num_stages or max(1, min(5, int(room // stage_bytes)))
     return DotConfig(bm, bn, bk, num_warps, num_stages, split_k)
+
+
+def prefetch_lines(n: int, k: int, el_bytes: int, cfg: DotConfig, int4: bool = False) -> int:
+    """PDL "prefetch": the 128-byte lines per weight row each program of an (n, k) skinny linear asks
+    the L2 for before its wait: its K slice's lines (el_bytes per element of W; int4: 4 per packed
+    int32 of 8 inputs), at most `PREFETCH_ROW_LINES` and what keeps all programs together within
+    `PREFETCH_BYTES`; a power of two, at least 1."""
+    k_per = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    row_lines = triton.cdiv((k_per // 8 if int4 else k_per) * el_bytes, 128)
+    budget = PREFETCH_BYTES // (n * cfg.split_k * 128)
+    most = max(1, min(row_lines, budget, PREFETCH_ROW_LINES))
+    return 1 << (most.bit_length() - 1)
 
 
 def native_split(blocks: int, k: int) -> int:
@@ -673,8 +730,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
         if kind != "dot" or scale is not None or rms_eps is not None or x_f16:
             raise ValueError("int4 weights need kind 'dot', no scale, no rms_eps and no x_f16")
         w4, weight = weight, weight.qweight
-    elif lc.int4_x_ahead:
-        raise ValueError("int4_x_ahead needs int4 weights")
+    elif lc.int4_x != "gather":
+        raise ValueError(f"int4_x {lc.int4_x!r} needs int4 weights")
+    if lc.int4_x not in INT4_X_MODES:
+        raise ValueError(f"int4_x must be one of {', '.join(INT4_X_MODES)}, got {lc.int4_x!r}")
     fp8 = weight.dtype == FP8
     if fp8 != (scale is not None):
         raise ValueError("fp8 weights need their scale (N,), and only fp8 weights take one")
@@ -745,10 +804,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
-            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), X_AHEAD=int4 and lc.int4_x_ahead, HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
+            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), X_MODE=INT4_X_MODES.index(lc.int4_x) if int4 else 0,
+            HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
+            PF_LINES=prefetch_lines(n, k, weight.element_size(), cfg, int4) if pdl_mode(pdl) == 4 else 0,
+            PER_LINE=128 // weight.element_size(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **launch_options(pdl),
         )
         if split_k > 1:
             total = m * n // 2 if pairs else m * n

@@ -20,6 +20,9 @@ When the dependents may launch is the mode (`pdl=` of every kernel; `pdl_mode`):
   the pipelined loop to load it before the wait (one pipeline stage fewer).
 * "early-nopeel": each program signals right after its wait, as "early", but the skinny linear
   peels nothing (all its pipeline stages): separates the two costs of "early" in A/B runs.
+* "prefetch": each program signals right after its wait, as "early-nopeel", and the skinny linear
+  first asks the L2 for the start of its weight slice (`gemv.prefetch_lines`: lines, not registers
+  or shared memory), so the bytes a program streams first arrive while the previous kernel runs.
 * "late": each program waits first and signals only after its main loop (the skinny linear's K
   loop, tree attention's key loop; the small kernels at their exit), so the next kernel's launch
   overlaps only this kernel's epilogue and drain, and no loop is peeled.
@@ -33,13 +36,13 @@ import triton.language as tl
 
 from swiftspec.kernels import interpreting
 
-PDL_MODES = ("off", "early", "late", "early-nopeel")
+PDL_MODES = ("off", "early", "late", "early-nopeel", "prefetch")
 
 
 def pdl_mode(pdl: bool | str | None) -> int:
     """The kernels' PDL constexpr for a `pdl=` argument: 0 off (False, None, "off"), 1 early (True,
-    "early"), 2 late ("late"), 3 early without the skinny linear's peeled tile ("early-nopeel");
-    ValueError for anything else."""
+    "early"), 2 late ("late"), 3 early without the skinny linear's peeled tile ("early-nopeel"), 4
+    early with the skinny linear's L2 prefetch ("prefetch"); ValueError for anything else."""
     if pdl is None or pdl is False or pdl == "off":
         return 0
     if pdl is True or pdl == "early":
@@ -48,16 +51,18 @@ def pdl_mode(pdl: bool | str | None) -> int:
         return 2
     if pdl == "early-nopeel":
         return 3
+    if pdl == "prefetch":
+        return 4
     raise ValueError(f"pdl must be False, True or one of {', '.join(PDL_MODES)}, got {pdl!r}")
 
 
 @triton.jit
 def grid_sync(PDL: tl.constexpr):
-    """Wait for the previous kernel in the stream (complete, writes visible); with PDL 1 or 3
+    """Wait for the previous kernel in the stream (complete, writes visible); with PDL 1, 3 or 4
     (early) then let the next kernel launch. A no-op unless PDL > 0 (a launch with `launch_pdl=True`)."""
     if PDL != 0:
         tl.extra.cuda.gdc_wait()
-    if PDL == 1 or PDL == 3:
+    if PDL == 1 or PDL == 3 or PDL == 4:
         tl.extra.cuda.gdc_launch_dependents()
 
 

@@ -22,7 +22,7 @@ ATTENTION_IMPLS = ("torch", "ref", "triton")
 ATTENTION_COMBINES = ("separate", "kernel")
 FUSION_MODES = ("off", "compile", "triton")
 LINEAR_IMPLS = ("torch", "triton")
-PDL_MODES = ("off", "early", "late", "early-nopeel")
+PDL_MODES = ("off", "early", "late", "early-nopeel", "prefetch")
 TREE_GROWTH_IMPLS = ("torch", "triton", "graph")
 
 # The Gluon tree attention takes forwards of at least this many rows (tokens x query heads per KV
@@ -51,7 +51,8 @@ class KernelConfig:
     linear: GEMMs by `F.linear` ("torch") or the skinny linear ("triton", forwards of at most
     `linear_max_rows` tokens; None: `kernels.gemv.MAX_ROWS`). fold_norm, swiglu, rope: the
     skinny linear's epilogues (RMSNorm folded into the weights; silu(gate)*up; RoPE + KV write).
-    pdl: programmatic dependent launch of the Triton kernels ("early", "late", "off"; sm_90+).
+    pdl: programmatic dependent launch of the Triton kernels ("early", "late", "early-nopeel",
+    "prefetch", "off"; sm_90+; `kernels.pdl`).
     tree_growth: the draft's top-k after each forward ("torch", "triton", "graph").
     weight_format: "native" (GEMM weights in the model dtype), "fp8" (weight-only e4m3) or "int4"
     (W4A16 in the AWQ format's numbers, `kernels.int4`).

@@ -65,7 +65,7 @@ from swiftspec.spec import ModelSpec, Shard, UserError
 
 FP8 = torch.float8_e4m3fn  # weight-only fp8 GEMM weights (kernels.gemv)
 # The kernels' `pdl=` argument for each `KernelConfig.pdl` mode (`kernels.pdl.pdl_mode`).
-_PDL_ARG = {"off": False, "early": True, "late": "late", "early-nopeel": "early-nopeel"}
+_PDL_ARG = {"off": False, "early": True, "late": "late", "early-nopeel": "early-nopeel", "prefetch": "prefetch"}
 
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
