@@ -10,7 +10,10 @@ whose warps need more instructions per weight than 4 schedulers x SMs x clock is
 weight's copy time is bound by issue, not bytes: on an H100 (132 SMs, 1.755 GHz, 2.98 TB/s copy,
 0.53 bytes per int4 weight with its group's scale and zero) above ~0.165 per weight, by the
 ratio beyond it. The bf16 path at 64 x 128 tiles is listed for comparison (2 bytes per weight:
-~0.62 before it is issue-bound). Writes DIR/static_w4a16.csv with --out.
+~0.62 before it is issue-bound). The loop's global loads by kind: LDGSTS (asynchronous copies
+into shared memory, which the pipeliner issues stages ahead) and LDG (into registers, waited for in
+the same tile; the x gather of `GemvLaunch.int4_x` "gather" is one). Writes DIR/static_w4a16.csv
+with --out.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def loop_facts(kernel) -> dict:
             loop = body if len(body) > len(loop) else loop
     ops = collections.Counter(x.split()[1 if x.startswith("@") else 0].split(".")[0] for x in loop)
     return {"loop_instructions": len(loop), "loop_conversions": ops["I2F"] + ops["I2FP"] + ops["F2F"] + ops["F2FP"],
-            "loop_mma": ops["HGMMA"]}
+            "loop_mma": ops["HGMMA"], "loop_ldg": ops["LDG"], "loop_ldgsts": ops["LDGSTS"]}
 
 
 def main() -> None:
