@@ -48,10 +48,8 @@ def _variants(quick: bool) -> dict[str, GemvLaunch]:
         out.update({f"int4_k{k}": GemvLaunch(split_k=k) for k in (1, 2, 4, 8, 16)})
         out["int4_bn64"] = GemvLaunch(block_n=64, num_warps=4)
         out.update({f"int4_bn64_k{k}": GemvLaunch(block_n=64, num_warps=4, split_k=k) for k in (1, 2, 8, 16)})
-        out["int4_ahead"] = GemvLaunch(int4_x="ahead")
-        out["int4_bn128_ahead"] = GemvLaunch(block_n=128, num_warps=8, int4_x="ahead")
-        out["int4_permute"] = GemvLaunch(int4_x="permute")
-        out["int4_bn128_permute"] = GemvLaunch(block_n=128, num_warps=8, int4_x="permute")
+        out["int4_ahead"] = GemvLaunch(int4_x_ahead=True)
+        out["int4_bn128_ahead"] = GemvLaunch(block_n=128, num_warps=8, int4_x_ahead=True)
     return out
 
 

@@ -12,7 +12,7 @@ weight's copy time is bound by issue, not bytes: on an H100 (132 SMs, 1.755 GHz,
 ratio beyond it. The bf16 path at 64 x 128 tiles is listed for comparison (2 bytes per weight:
 ~0.62 before it is issue-bound). The loop's global loads by kind: LDGSTS (asynchronous copies
 into shared memory, which the pipeliner issues stages ahead) and LDG (into registers, waited for in
-the same tile; the x gather of `GemvLaunch.int4_x` "gather" is one). Writes DIR/static_w4a16.csv
+the same tile; the default x gather is one). Writes DIR/static_w4a16.csv
 with --out.
 """
 
@@ -35,20 +35,19 @@ from swiftspec.kernels import compile_check  # noqa: E402
 from swiftspec.kernels.gemv import DotConfig  # noqa: E402
 
 # name: (int4 group (0: bf16 weights), rows (BLOCK_M), BLOCK_N, BLOCK_K, warps, split K,
-#        how x reaches the dot (`GemvLaunch.int4_x`))
+#        x gathered a tile ahead (`GemvLaunch.int4_x_ahead`))
 SHAPES = {
-    "bf16 64 x 128, 1-16 rows": (0, 16, 64, 128, 4, 4, "gather"),
-    "int4 default, 1-16 rows": (128, 16, 64, 128, 4, 4, "gather"),
-    "int4 x one tile ahead, 1-16 rows": (128, 16, 64, 128, 4, 4, "ahead"),
-    "int4 x loaded and permuted, 1-16 rows": (128, 16, 64, 128, 4, 4, "permute"),
-    "int4 default, 32 rows": (128, 32, 128, 128, 8, 4, "gather"),
-    "int4 default, 64 rows": (128, 64, 128, 128, 8, 4, "gather"),
-    "int4 default, 128 rows": (128, 128, 128, 128, 8, 4, "gather"),
-    "int4 one 256-row tile": (128, 256, 128, 128, 8, 4, "gather"),
-    "int4 128 x 8 warps, 1-16 rows": (128, 16, 128, 128, 8, 4, "gather"),
-    "int4 64 x 4 warps, 128 rows": (128, 128, 64, 128, 4, 4, "gather"),
-    "int4 bk256 (two groups a tile)": (128, 16, 128, 256, 8, 4, "gather"),
-    "int4 group 64": (64, 16, 128, 128, 8, 4, "gather"),
+    "bf16 64 x 128, 1-16 rows": (0, 16, 64, 128, 4, 4, False),
+    "int4 default, 1-16 rows": (128, 16, 64, 128, 4, 4, False),
+    "int4 x one tile ahead, 1-16 rows": (128, 16, 64, 128, 4, 4, True),
+    "int4 default, 32 rows": (128, 32, 128, 128, 8, 4, False),
+    "int4 default, 64 rows": (128, 64, 128, 128, 8, 4, False),
+    "int4 default, 128 rows": (128, 128, 128, 128, 8, 4, False),
+    "int4 one 256-row tile": (128, 256, 128, 128, 8, 4, False),
+    "int4 128 x 8 warps, 1-16 rows": (128, 16, 128, 128, 8, 4, False),
+    "int4 64 x 4 warps, 128 rows": (128, 128, 64, 128, 4, 4, False),
+    "int4 bk256 (two groups a tile)": (128, 16, 128, 256, 8, 4, False),
+    "int4 group 64": (64, 16, 128, 128, 8, 4, False),
 }
 
 
@@ -78,9 +77,9 @@ def main() -> None:
     a = ap.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)  # compiling needs the real JIT
     rows = []
-    for name, (group, m, bn, bk, warps, split, x_mode) in SHAPES.items():
+    for name, (group, m, bn, bk, warps, split, ahead) in SHAPES.items():
         cfg = DotConfig(m, bn, bk, warps, 5, split)
-        kernel = compile_check.compile_gemv(cfg, False, "", "bf16", 90, group, int4_x=x_mode)
+        kernel = compile_check.compile_gemv(cfg, False, "", "bf16", 90, group, int4_x_ahead=ahead)
         res = compile_check.resources(kernel)
         facts = loop_facts(kernel)
         per_weight = facts["loop_instructions"] * warps / (bn * bk)

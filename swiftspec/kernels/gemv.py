@@ -45,7 +45,6 @@ FP8_MAX = 448.0  # largest finite e4m3fn value
 # 50 MB L2, so the lines can outlive the predecessor's own streaming until they are read.
 PREFETCH_BYTES = 16 << 20
 PREFETCH_ROW_LINES = 32
-INT4_X_MODES = ("gather", "ahead", "permute")  # `GemvLaunch.int4_x`; the kernel's X_MODE is the index
 INT4_TILE_ROWS = 128  # int4 rows per launch: a 256-row tile spills registers (sm_90)
 MAX_ROWS_INT4 = MAX_ROWS_DOT  # int4 weights: every forward up to a prefill chunk (no int4 GEMM in torch)
 
@@ -77,7 +76,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
                        SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr,
-                       X_MODE: tl.constexpr,
+                       X_AHEAD: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
                        HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
@@ -147,8 +146,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
                 _prefetch_l2(SZ + cols * stride_s + k_lo // GROUP, ok_n, SZ)
                 _prefetch_l2(ZP + cols * stride_s + k_lo // GROUP, ok_n, ZP)
         grid_sync(PDL)
-    X_AHEAD: tl.constexpr = X_MODE == 1
-    if INT4 and X_AHEAD:  # int4: each tile's x gathered one tile ahead (`GemvLaunch.int4_x` "ahead")
+    if INT4 and X_AHEAD:  # int4: each tile's x gathered one tile ahead (`GemvLaunch.int4_x_ahead`)
         k_next = k_first
         if EVEN_K:  # a split past K (no tiles): its last tile's place instead, in bounds and unused
             k_next = tl.minimum(k_next, k_hi - BLOCK_K)
@@ -161,8 +159,6 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
                 if EVEN_K:
                     k_next = tl.minimum(k_next, k_hi - BLOCK_K)
                 x_next = _int4_x(X, rows, ok_m, k_next, k_hi, stride_x, BLOCK_K, EVEN_K)
-            elif X_MODE == 2:
-                xt = _int4_x_permuted(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K, EVEN_K)
             else:
                 xt = _int4_x(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K, EVEN_K)
             acc = _int4_tile(W, SZ, ZP, xt, acc, cols, ok_n, k0, k_hi, stride_w, stride_s, GROUP, BLOCK_K, EVEN_K, IEEE,
@@ -227,18 +223,6 @@ def _int4_x(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K: tl.constexpr, EVEN_K: tl
     ks = k0 + 8 * (c % KP) + c // KP  # the input of widened column c
     ok = ok_m[None, :] if EVEN_K else (ks < k_hi)[:, None] & ok_m[None, :]
     return tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)
-
-
-@triton.jit
-def _int4_x_permuted(X, rows, ok_m, k0, k_hi, stride_x, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """`_int4_x`'s tile from a contiguous load (one the pipeliner can stream like the weights)
-    rearranged in registers: input 8p + i (row [p, i] of a (KP, 8) view) to row i KP + p."""
-    KP: tl.constexpr = BLOCK_K // 8
-    ks = k0 + tl.arange(0, BLOCK_K)
-    ok = ok_m[None, :] if EVEN_K else (ks < k_hi)[:, None] & ok_m[None, :]
-    x = tl.load(X + rows[None, :] * stride_x + ks[:, None], mask=ok, other=0.0)  # (BLOCK_K, BLOCK_M)
-    BLOCK_M: tl.constexpr = x.shape[1]
-    return tl.reshape(tl.permute(tl.reshape(x, (KP, 8, BLOCK_M)), (1, 0, 2)), (BLOCK_K, BLOCK_M))
 
 
 @triton.jit
@@ -533,12 +517,10 @@ class GemvLaunch:
     `gemv_config`; benchmarks, tests). split_k > 1 (kind "dot") splits K over that many programs per
     column block. x_f16 (fp8 weights, bf16/fp16 x): convert x to float16 once before the launch
     instead of in every program at every K step: the same result bit for bit, meant for many rows,
-    where the x tile outgrows the weight tile (not measured, so off by default). int4_x (int4
-    weights): how each tile's x reaches the dot in `_int4_x`'s order: "gather" (a gathering load
-    per tile), "ahead" (the next tile's gathered while this tile's MMA runs, so the gather's L2
-    latency is not paid once per tile) or "permute" (a contiguous load, which the pipeliner can
-    stream ahead like the weights, rearranged in registers); the last two are not measured, so
-    "gather" is the default."""
+    where the x tile outgrows the weight tile (not measured, so off by default). int4_x_ahead (int4
+    weights): gather the next tile's x while this tile's MMA runs, so the gather's L2 latency is
+    not paid once per tile (faster on the H100, off until the int4 profiles are measured with it:
+    docs/decisions.md)."""
 
     block_n: int | None = None
     block_k: int | None = None
@@ -546,7 +528,7 @@ class GemvLaunch:
     num_stages: int | None = None
     split_k: int | None = None
     x_f16: bool = False
-    int4_x: str = "gather"
+    int4_x_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -730,10 +712,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
         if kind != "dot" or scale is not None or rms_eps is not None or x_f16:
             raise ValueError("int4 weights need kind 'dot', no scale, no rms_eps and no x_f16")
         w4, weight = weight, weight.qweight
-    elif lc.int4_x != "gather":
-        raise ValueError(f"int4_x {lc.int4_x!r} needs int4 weights")
-    if lc.int4_x not in INT4_X_MODES:
-        raise ValueError(f"int4_x must be one of {', '.join(INT4_X_MODES)}, got {lc.int4_x!r}")
+    elif lc.int4_x_ahead:
+        raise ValueError("int4_x_ahead needs int4 weights")
     fp8 = weight.dtype == FP8
     if fp8 != (scale is not None):
         raise ValueError("fp8 weights need their scale (N,), and only fp8 weights take one")
@@ -804,7 +784,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
-            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), X_MODE=INT4_X_MODES.index(lc.int4_x) if int4 else 0,
+            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), X_AHEAD=int4 and lc.int4_x_ahead,
             HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
