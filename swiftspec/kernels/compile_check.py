@@ -184,8 +184,7 @@ def compile_gemv(cfg: DotConfig, rms: bool, epilogue: str, dtype: str = "bf16", 
     constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "EVEN_K": True, "PTX": int4_group > 0, "X_AHEAD": int4_x_ahead, "HAS_BIAS": False, "HAS_SCALE": False,
                   "IEEE": dtype == "fp32", "UPCAST": False, "F16": False, "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
                   "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                  "BLOCK_K": cfg.block_k, "PDL": pdl, "PF_LINES": pf_lines,
-                  "PER_LINE": 32 if int4_group else 128 // {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]}
+                  "BLOCK_K": cfg.block_k, "PDL": pdl, "PF_LINES": pf_lines}
     types = {"S": "*fp32", "P": "*fp32", "SQ": "*fp32", "SLOTS": "*i64"}
     if int4_group:
         types.update(W="*i32", SZ="*fp16", ZP="*fp16")

@@ -81,7 +81,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
                        HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                       PF_LINES: tl.constexpr = 0, PER_LINE: tl.constexpr = 1):
+                       PF_LINES: tl.constexpr = 0):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
     # SPLIT_K > 1: program (i, s) sums the s-th K slice into its own float32 partial in P
@@ -100,8 +100,8 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     # INT4: W is packed int4 (N, K / 8) int32 with scales SZ and zero points ZP (N, K / GROUP)
     # float16 (`kernels.int4.Int4Weight`), taken a tile at a time by `_int4_tile`.
     # PF_LINES > 0 (PDL "prefetch"): before its wait each program asks the L2 for the first
-    # PF_LINES 128-byte lines (PER_LINE elements of W each) of its rows' K slice, and for int4 the
-    # slice's scales and zeros, so its stream starts from the L2 (`_prefetch_l2`).
+    # PF_LINES 128-byte lines of its rows' K slice, and for int4 the slice's scales and zeros, so
+    # its stream starts from the L2 (`_prefetch_l2`).
     rows = tl.arange(0, BLOCK_M)
     ok_m = rows < M
     if SWIGLU or ROPE:
@@ -139,6 +139,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
         if PF_LINES > 0:
             el_lo = k_lo // 8 if INT4 else k_lo  # in elements of W (int4: packed int32s)
             el_hi = k_hi // 8 if INT4 else k_hi
+            PER_LINE: tl.constexpr = 1024 // W.dtype.element_ty.primitive_bitwidth  # elements a line
             lines = el_lo + tl.arange(0, PF_LINES) * PER_LINE
             row_base = W + cols[:, None].to(tl.int64) * stride_w
             _prefetch_l2(row_base + lines[None, :], ok_n[:, None] & (lines < el_hi)[None, :], W)
@@ -789,8 +790,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
             PF_LINES=prefetch_lines(n, k, weight.element_size(), cfg, int4) if pdl_mode(pdl) == 4 else 0,
-            PER_LINE=128 // weight.element_size(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **launch_options(pdl),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )
         if split_k > 1:
             total = m * n // 2 if pairs else m * n
