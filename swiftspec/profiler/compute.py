@@ -59,6 +59,7 @@ from tqdm import tqdm
 
 from swiftspec.files import atomic_write_text, folder_lock, run_metadata
 from swiftspec.kernels.reference import rms_norm
+from swiftspec.runtime.capture import capture_graphs
 from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
 from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
 from swiftspec.runtime.graphs import ForwardClock, GraphRunner
@@ -210,13 +211,8 @@ def graphed(fn: Callable[[], object], device: str, unroll: int) -> tuple[Callabl
         fn()
         side.synchronize()
         eager_ms = (time.perf_counter() - t) * 1e3
-    torch.cuda.current_stream().wait_stream(side)
     unroll = 1 if eager_ms > 0.5 else min(unroll, 4) if eager_ms > 0.1 else unroll
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(unroll):
-            fn()
-    torch.cuda.synchronize()
+    (graph,), _ = capture_graphs([fn], warmup=0, unroll=unroll, stream=side)
     return graph.replay, unroll
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from swiftspec.runtime.capture import capture_graphs
 from swiftspec.runtime.decoder import ModelRunner
 from swiftspec.runtime.device_loop import (
     DeviceLoop,
@@ -46,19 +47,8 @@ class _Graphs:
     def capture(self, names: list[str]) -> None:
         if not self.use_graphs:
             return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for name in names:
-                self.steps[name]()
-        torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        for name in names:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.steps[name]()
-            self.graphs[name] = g
-        torch.cuda.synchronize()
+        graphs, _ = capture_graphs([self.steps[name] for name in names])
+        self.graphs.update(zip(names, graphs))
 
     def __call__(self, name: str) -> None:
         g = self.graphs.get(name)

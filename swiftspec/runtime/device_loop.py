@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from swiftspec.kernels import tree_state as ts
+from swiftspec.runtime.capture import capture_graphs
 from swiftspec.runtime.decoder import ModelRunner
 from swiftspec.runtime.tree import DraftTree, top_logprobs
 from swiftspec.runtime.verify import sample_by_inverse_cdf
@@ -688,24 +689,8 @@ class DeviceLoop:
         return [(a.elapsed_time(b), b.elapsed_time(c)) for a, b, c in events]
 
     def _capture(self) -> None:
-        """CUDA graphs of the draft round and of verify-and-update (warmed up first: kernels
-        compile and autotune outside the capture)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._iteration()
-        torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        graphs = []
-        for fn in (self.draft_round if self.cfg.plan is not None else None, self.verify_and_update):
-            if fn is None:
-                graphs.append(None)
-                continue
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                fn()
-            graphs.append(g)
-        torch.cuda.synchronize()
-        self.graphs = graphs
+        """CUDA graphs of the draft round and of verify-and-update (`capture.capture_graphs`: two
+        warm-up iterations first, so kernels compile and autotune outside the capture)."""
+        draft = self.draft_round if self.cfg.plan is not None else None
+        self.graphs, _ = capture_graphs([draft, self.verify_and_update], warmup=2)
 

@@ -12,6 +12,7 @@ buffer is (max_bucket, max_tree) wide, so calls may pass any tree_mask width N <
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from swiftspec.kernels.topk import MAX_K, logsoftmax_topk_packed, unpack_topk
+from swiftspec.runtime.capture import capture_graphs
 from swiftspec.runtime.kv_cache import KVCache
 from swiftspec.runtime.model import Transformer
 from swiftspec.runtime.tree import to_host
@@ -65,21 +67,12 @@ class GraphRunner:
         self.inputs = StaticInputs(bmax, self.max_tree, self.cache.scratch_slot, self.model.device)
         self.tokens, self.positions, self.slots = self.inputs.tokens, self.inputs.positions, self.inputs.slots
         self.prefix_len, self.tree_mask = self.inputs.prefix_len, self.inputs.tree_mask
-        pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory
-            args = (self.tokens[:b], self.positions[:b], self.cache, self.slots[:b], self.prefix_len,
-                    self.tree_mask[:b])  # fmt: skip
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up outside capture (lazy init, autotuning)
-                for _ in range(max(warmup, 1)):
-                    self.model(*args)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[b] = self.model(*args)
-            self.graphs[b] = graph
-        torch.cuda.synchronize()
+        buckets = list(reversed(self.buckets))  # largest first: smaller graphs reuse its pool memory
+        steps = [functools.partial(self.model, self.tokens[:b], self.positions[:b], self.cache, self.slots[:b],
+                                   self.prefix_len, self.tree_mask[:b]) for b in buckets]
+        graphs, outputs = capture_graphs(steps, warmup=max(warmup, 1))
+        self.graphs.update(zip(buckets, graphs))
+        self.outputs.update(zip(buckets, outputs))
 
     def bucket(self, t: int) -> int | None:
         """Smallest captured bucket holding t tokens (None: too many)."""
@@ -138,14 +131,7 @@ class GraphRunner:
         entry = self.topk_graphs.get((b, kc, vocab_limit))
         if entry is None:
             logits = self.outputs[b][:, :vocab]
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # compile the kernels outside the capture
-                logsoftmax_topk_packed(logits, kc)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                packed = logsoftmax_topk_packed(logits, kc)
+            (graph,), (packed,) = capture_graphs([functools.partial(logsoftmax_topk_packed, logits, kc)])
             entry = self.topk_graphs[(b, kc, vocab_limit)] = (graph, packed)
         graph, packed = entry
         graph.replay()
