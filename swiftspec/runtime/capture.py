@@ -6,11 +6,11 @@ workspaces outside the capture, and are captured on that same stream, with Pytho
 collector held off from the collection to the end of the capture.
 
 Why: PyTorch keeps cuBLAS workspaces per (handle, stream) and, when a graph is destroyed, drops
-the workspaces of the stream it was captured on. Captured on its own side stream, not on the one
-capture stream PyTorch otherwise shares among all graphs, a graph's GEMMs use the workspace the
-warm-up made, and destroying another runner's graphs (a collection between warm-up and capture
-did that) no longer pulls it away mid-capture (CUBLAS_STATUS_INTERNAL_ERROR) or from under a live
-graph.
+the workspaces of the stream it was captured on. Captured on its own side stream (one of the
+pool's, not the one capture stream PyTorch otherwise shares among all graphs), a graph's GEMMs use
+the workspace its warm-up made, and destroying another runner's graphs (which a collection may do
+at any time) cannot take that workspace away in the middle of the capture or, unless the pool
+hands the same stream to both, from under a live graph.
 """
 
 from __future__ import annotations

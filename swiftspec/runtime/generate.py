@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from swiftspec.runtime.capture import no_collection
 from swiftspec.runtime.decoder import ModelRunner, reroot_draft
 from swiftspec.runtime.device_loop import DeviceLoop, LoopConfig, LoopPlan
 from swiftspec.runtime.kernel_config import TREE_GROWTH_IMPLS, WEIGHT_FORMATS, KernelConfig
@@ -125,13 +125,8 @@ def gc_paused(fn):
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        was = gc.isenabled()
-        gc.disable()
-        try:
+        with no_collection():
             return fn(*args, **kwargs)
-        finally:
-            if was:
-                gc.enable()
 
     return run
 
