@@ -60,7 +60,7 @@ for name, layers, hidden in (("tiny-target", 4, 128), ("tiny-draft", 2, 64)):
                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048).save_pretrained(f"{sys.argv[1]}/{name}")
 PYEOF
   T=$W/tiny/tiny-target D=$W/tiny/tiny-draft
-  PAIRS="$T,$D,smollm2-135m__int3g32 $T,$D,smollm2-135m__drop10" COMPUTE=measure
+  PAIRS="$T,$D,smollm2-135m__int3g32" COMPUTE=measure  # one pair: the loop over pairs is the same
   GRID=(--tokens 1,2,4,8,16,32 --kv 64,1024 --compact 1,2,4,8,16,32)
   PROMPTS=2 MAX_NEW=12 PLAN_PROMPT=32
 fi
