@@ -12,8 +12,7 @@ weight's copy time is bound by issue, not bytes: on an H100 (132 SMs, 1.755 GHz,
 ratio beyond it. The bf16 path at 64 x 128 tiles is listed for comparison (2 bytes per weight:
 ~0.62 before it is issue-bound). The loop's global loads by kind: LDGSTS (asynchronous copies
 into shared memory, which the pipeliner issues stages ahead) and LDG (into registers, waited for in
-the same tile; the default x gather is one). Writes DIR/static_w4a16.csv
-with --out.
+the same tile; the default x gather is one). Writes DIR/static_w4a16.csv with --out.
 """
 
 from __future__ import annotations
