@@ -8,8 +8,8 @@ For each linear of a Llama-3-8B layer (qkv 6144 x 4096, o 4096 x 4096, gate/up 2
 does (a CUDA graph of calls rotating over enough weight copies to stream cold weights past the L2):
 bf16 weights through the skinny linear's default (`gemv`, up to 256 rows) and cuBLAS (`F.linear`);
 fp8 weights through their default; int4 weights (`quantize_int4`, groups of 128) through the
-default (x gathered each tile), x gathered one tile ahead (`ahead`, `GemvLaunch.int4_x_ahead`)
-and, unless --quick, the variants: 256-wide K steps (two groups a tile, so every slice is
+default, x gathered each tile (`gather`) and one tile ahead (`ahead`) at every row count (the
+default picks by rows: `gemv.int4_x_ahead_on`) and, unless --quick, the variants: 256-wide K steps (two groups a tile, so every slice is
 dequantized instead of the group's scale applied once, `bk256`), K split 1 / 2 / 4 / 8 / 16 ways
 (`k1`...; 128 weight rows over 8 warps), 64 weight rows over 4 warps a program (`bn64`, split as the
 default, or `bn64_k1`...) and 128 rows over 8 warps with x ahead (`bn128_ahead`). floor_us = the
@@ -43,7 +43,8 @@ L2_BYTES = 60 << 20
 
 
 def _variants(quick: bool) -> dict[str, GemvLaunch]:
-    out = {"int4_default": GemvLaunch(), "int4_ahead": GemvLaunch(int4_x_ahead=True)}
+    out = {"int4_default": GemvLaunch(), "int4_gather": GemvLaunch(int4_x_ahead=False),
+           "int4_ahead": GemvLaunch(int4_x_ahead=True)}
     if not quick:
         out["int4_bk256"] = GemvLaunch(block_k=256)
         out.update({f"int4_k{k}": GemvLaunch(split_k=k) for k in (1, 2, 4, 8, 16)})

@@ -37,8 +37,8 @@ from swiftspec.kernels.gemv import DotConfig  # noqa: E402
 #        x gathered a tile ahead (`GemvLaunch.int4_x_ahead`))
 SHAPES = {
     "bf16 64 x 128, 1-16 rows": (0, 16, 64, 128, 4, 4, False),
-    "int4 default, 1-16 rows": (128, 16, 64, 128, 4, 4, False),
-    "int4 x one tile ahead, 1-16 rows": (128, 16, 64, 128, 4, 4, True),
+    "int4 x gathered each tile, 1-16 rows": (128, 16, 64, 128, 4, 4, False),
+    "int4 default (x one tile ahead), 1-16 rows": (128, 16, 64, 128, 4, 4, True),
     "int4 default, 32 rows": (128, 32, 128, 128, 8, 4, False),
     "int4 default, 64 rows": (128, 64, 128, 128, 8, 4, False),
     "int4 default, 128 rows": (128, 128, 128, 128, 8, 4, False),

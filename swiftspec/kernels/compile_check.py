@@ -37,7 +37,7 @@ from triton.runtime.jit import mangle_type
 
 from swiftspec.kernels import interpreting
 from swiftspec.kernels import tree_attention_ws as ws
-from swiftspec.kernels.gemv import DotConfig, _skinny_dot_kernel
+from swiftspec.kernels.gemv import DotConfig, GemvLaunch, _skinny_dot_kernel, int4_x_ahead_on
 from swiftspec.kernels.tree_attention import TreeAttentionConfig, _tree_attn_kernel
 
 # Hopper's per-block shared memory limit (what Triton compares against: 227 KiB).
@@ -172,16 +172,16 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool =
 
 @functools.lru_cache(maxsize=256)
 def compile_gemv(cfg: DotConfig, rms: bool, epilogue: str, dtype: str = "bf16", capability: int = 90,
-                 int4_group: int = 0, int4_x_ahead: bool = False, pdl: int = 0, pf_lines: int = 0):
+                 int4_group: int = 0, int4_x_ahead: bool | None = None, pdl: int = 0, pf_lines: int = 0):
     """The skinny linear's dot kernel compiled for sm_<capability> (`gemv_reports`' arguments;
-    int4_x_ahead: `GemvLaunch.int4_x_ahead`; pdl: `pdl.pdl_mode`'s constexpr, pf_lines: its
+    int4_x_ahead: `GemvLaunch.int4_x_ahead`, None: what `gemv` picks for cfg.block_m; pdl: `pdl.pdl_mode`'s constexpr, pf_lines: its
     `PF_LINES` under PDL "prefetch"), as Triton's CompiledKernel: `asm["cubin"]` holds the machine
     code. Not under TRITON_INTERPRET=1."""
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
     pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC", "SZ", "ZP")
     ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
             "stride_vc_h", "stride_vc_s", "HQ", "HKV", "stride_s")
-    constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "EVEN_K": True, "PTX": int4_group > 0, "X_AHEAD": int4_x_ahead, "HAS_BIAS": False, "HAS_SCALE": False,
+    constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "EVEN_K": True, "PTX": int4_group > 0, "X_AHEAD": int4_group > 0 and int4_x_ahead_on(GemvLaunch(int4_x_ahead=int4_x_ahead), cfg.block_m), "HAS_BIAS": False, "HAS_SCALE": False,
                   "IEEE": dtype == "fp32", "UPCAST": False, "F16": False, "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
                   "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "BLOCK_K": cfg.block_k, "PDL": pdl, "PF_LINES": pf_lines}

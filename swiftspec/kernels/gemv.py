@@ -520,8 +520,8 @@ class GemvLaunch:
     instead of in every program at every K step: the same result bit for bit, meant for many rows,
     where the x tile outgrows the weight tile (not measured, so off by default). int4_x_ahead (int4
     weights): gather the next tile's x while this tile's MMA runs, so the gather's L2 latency is
-    not paid once per tile (faster on the H100, off until the int4 profiles are measured with it:
-    docs/decisions.md)."""
+    not paid once per tile; None: on at <= 16 rows (one 16-row MMA tile; measured faster on the
+    H100, docs/decisions.md), off above."""
 
     block_n: int | None = None
     block_k: int | None = None
@@ -529,7 +529,7 @@ class GemvLaunch:
     num_stages: int | None = None
     split_k: int | None = None
     x_f16: bool = False
-    int4_x_ahead: bool = False
+    int4_x_ahead: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -591,6 +591,13 @@ def dot_config(m: int, n: int, k: int, w_bytes: float, x_bytes: int, *, fp8: boo
     room = SHARED_BYTES - (stage_bytes if pdl_mode(pdl) == 1 else 0)
     num_stages = num_stages or max(1, min(5, int(room // stage_bytes)))
     return DotConfig(bm, bn, bk, num_warps, num_stages, split_k)
+
+
+def int4_x_ahead_on(launch: GemvLaunch, block_m: int) -> bool:
+    """Whether an int4 launch of block_m padded token rows gathers x a tile ahead: the launch's
+    choice, else on for one 16-row MMA tile (at most 16 rows; the H100's best at 1 row, and every
+    row count up to 16 runs the same tile), off for more rows (not measured)."""
+    return block_m <= 16 if launch.int4_x_ahead is None else launch.int4_x_ahead
 
 
 def prefetch_lines(n: int, k: int, el_bytes: int, cfg: DotConfig, int4: bool = False) -> int:
@@ -714,7 +721,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             raise ValueError("int4 weights need kind 'dot', no scale, no rms_eps and no x_f16")
         w4, weight = weight, weight.qweight
     elif lc.int4_x_ahead:
-        raise ValueError("int4_x_ahead needs int4 weights")
+        raise ValueError("int4_x_ahead=True needs int4 weights")
     fp8 = weight.dtype == FP8
     if fp8 != (scale is not None):
         raise ValueError("fp8 weights need their scale (N,), and only fp8 weights take one")
@@ -785,7 +792,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
-            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), X_AHEAD=int4 and lc.int4_x_ahead,
+            GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), X_AHEAD=int4 and int4_x_ahead_on(lc, bm),
             HAS_BIAS=bias is not None, HAS_SCALE=fp8, IEEE=ieee,
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
