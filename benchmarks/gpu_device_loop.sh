@@ -18,7 +18,7 @@ mkdir -p "$OUT/device_loop"
 t0=$(date +%s)
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null || true
-  timeout 150 $PY -m pytest -q --maxfail=3 -p no:cacheprovider -m "gpu or not gpu" tests/test_device_loop_gpu.py \
+  timeout 210 $PY -m pytest -q --maxfail=3 -p no:cacheprovider -m "gpu or not gpu" tests/test_device_loop_gpu.py \
       tests/test_kernels_tree_state.py 2>&1 | tail -5
   echo "tests done after $(( $(date +%s) - t0 )) s"
   timeout 270 $PY benchmarks/bench_device_loop.py --out "$OUT/device_loop" 2>&1 | tail -26

@@ -13,9 +13,11 @@
 #    validation models at TP 1 only;
 # 5. VALIDATE=1: `swiftspec validate` (`gpu_validate.sh`) predicted from that profile before the run,
 #    for VBUDGET seconds.
-# Writes $OUT/{w4a16.json, step.json (with the machine's metadata), int4-profile/{compute.csv|
-# compute.partial.csv, comm.csv, meta.json}, int4.log} and with VALIDATE=1 $OUT/validation/
-# {report.csv, report.json, host.csv}: at most 11 files, as the device tool brings back.
+# BENCH=0 skips 1-3; LOOP=device profiles the device loop's host work (`profile compute --loop`), and
+# `validate` then runs that loop.
+# Writes $OUT/{w4a16.json, step.json (with the machine's metadata), int4-profile.tgz (the profile
+# folder: compute.csv and/or compute.partial.csv, comm.csv, meta.json), int4.log} and with VALIDATE=1
+# $OUT/validation/{report.csv, report.json, host.csv}: at most 7 files (the device tool brings back 8).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -24,6 +26,8 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-200}
 VALIDATE=${VALIDATE:-0}
 VBUDGET=${VBUDGET:-300}
+BENCH=${BENCH:-1}
+LOOP=${LOOP:-host}
 if [ "$VALIDATE" = 1 ]; then
   MODELS=${MODELS:-Llama-3-8B,Llama-3.2-3B,Llama-3.2-1B}
   TPS="--tp 1"
@@ -36,20 +40,22 @@ mkdir -p "$OUT"
 t0=$(date +%s)
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null || true
-  timeout 90 $PY -m pytest -q -x -p no:cacheprovider -m gpu tests/test_int4.py 2>&1 | tail -5
-  echo "tests done after $(( $(date +%s) - t0 )) s"
-  timeout 120 $PY benchmarks/bench_w4a16.py --rows 1,2,4,8,16,32,64,128,256 ${QUICK:+--quick} --out /tmp/w4a16 \
-      2>&1 | tail -24
-  cp /tmp/w4a16/bench_w4a16.json "$OUT/w4a16.json"
-  echo "bench_w4a16 done after $(( $(date +%s) - t0 )) s"
-  timeout 150 $PY benchmarks/bench_step_kernels.py --models Llama-3-8B --tokens 1,4,16,64 --kv 1024 --paired --reps 20 \
-      --no-kernels --fusions "$FUSED,$FUSED+fp8,$FUSED+int4" --out /tmp/step 2>&1 | grep -v "^ " | tail -12
-  cp /tmp/step/bench_step_kernels-*.json "$OUT/step.json"
-  echo "step done after $(( $(date +%s) - t0 )) s"
-  OUT=/tmp/int4-out WEIGHT_FORMAT=int4 BUDGET="$BUDGET" MODELS="$MODELS" EXTRA="$TPS" timeout $((BUDGET + 60)) \
+  if [ "$BENCH" = 1 ]; then
+    timeout 90 $PY -m pytest -q -x -p no:cacheprovider -m gpu tests/test_int4.py 2>&1 | tail -5
+    echo "tests done after $(( $(date +%s) - t0 )) s"
+    timeout 120 $PY benchmarks/bench_w4a16.py --rows 1,2,4,8,16,32,64,128,256 ${QUICK:+--quick} --out /tmp/w4a16 \
+        2>&1 | tail -24
+    cp /tmp/w4a16/bench_w4a16.json "$OUT/w4a16.json"
+    echo "bench_w4a16 done after $(( $(date +%s) - t0 )) s"
+    timeout 150 $PY benchmarks/bench_step_kernels.py --models Llama-3-8B --tokens 1,4,16,64 --kv 1024 --paired --reps 20 \
+        --no-kernels --fusions "$FUSED,$FUSED+fp8,$FUSED+int4" --out /tmp/step 2>&1 | grep -v "^ " | tail -12
+    cp /tmp/step/bench_step_kernels-*.json "$OUT/step.json"
+    echo "step done after $(( $(date +%s) - t0 )) s"
+  fi
+  OUT=/tmp/int4-out WEIGHT_FORMAT=int4 BUDGET="$BUDGET" MODELS="$MODELS" EXTRA="$TPS --loop $LOOP" timeout $((BUDGET + 60)) \
       bash benchmarks/gpu_profile.sh 2>&1 | tail -8
-  mkdir -p "$OUT/int4-profile"
-  cp /tmp/int4-out/h200-profile/*.csv /tmp/int4-out/h200-profile/meta.json "$OUT/int4-profile/" 2>/dev/null
+  # one archive: the device tool brings back at most 8 files
+  tar -czf "$OUT/int4-profile.tgz" -C /tmp/int4-out h200-profile
   echo "profile done after $(( $(date +%s) - t0 )) s"
   if [ "$VALIDATE" = 1 ]; then
     PROFILE=/tmp/int4-out/h200-profile BUDGET="$VBUDGET" OUT="$OUT" bash benchmarks/gpu_validate.sh 2>&1 | tail -40

@@ -2,13 +2,14 @@
 
     python benchmarks/merge_profile.py BASE NEW -o OUT [--host base|new]
 
-BASE and NEW are `swiftspec profile compute` folders (compute.csv, comm.csv, meta.json). Every model
-NEW measured replaces that model's rows in BASE, together with the BASE models that were copied from
-it (meta.json `aliases`, e.g. R1-Distill-Llama-8B from Llama-3-8B); NEW's host rows replace BASE's
-unless `--host base` (host rows come from a tiny stand-in model and vary run to run: keep the set
-that the validation ran with).
+BASE and NEW are `swiftspec profile compute` folders (compute.csv, comm.csv, meta.json). Every
+(model, TP) shard NEW measured replaces that shard's rows in BASE, together with those of the BASE
+models that were copied from it (meta.json `aliases`, e.g. R1-Distill-Llama-8B from Llama-3-8B);
+shards NEW did not measure keep BASE's rows (a TP 1 re-profile leaves TP 2-8 as they were); NEW's
+host rows replace BASE's unless `--host base` (host rows come from a tiny stand-in model and vary
+run to run: keep the set that the validation ran with).
 comm.csv stays BASE's. meta.json stays BASE's, with NEW's `skipped`/`incomplete_tables` entries for
-the replaced models and one entry under `merged` (date, command, models, kernels) so the file says
+the replaced models and one entry under `merged` (date, command, models, tps, kernels) so the file says
 which rows are newer; each kernel setting (attention, rope, ...) becomes the one all models' rows
 were measured with, or "mixed". Used after a kernel change that only some models' rows need
 (benchmarks/README.md). OUT is written through a temporary folder: on error nothing is left behind.
@@ -31,8 +32,8 @@ KERNELS = tuple(k for k in KERNEL_SETTINGS if k != "weight_format")
 
 
 def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFrame, dict]:
-    """(compute rows, meta) of BASE with NEW's models (and their BASE aliases) replaced, and its host
-    rows with NEW's when host="new" and NEW has some."""
+    """(compute rows, meta) of BASE with NEW's (model, tp) shards (and their BASE aliases') replaced,
+    and its host rows with NEW's when host="new" and NEW has some."""
     if host not in ("base", "new"):
         raise ValueError(f"host must be 'base' or 'new', got {host!r}")
     for folder in (base, new):
@@ -52,7 +53,10 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
     copies = [n[n.model == src].assign(model=a) for a, src in aliases.items()]
     replaced = set(models) | set(aliases)
     new_host = host == "new" and bool((n.op == "host").any())
-    keep = b[~b.model.isin(replaced) & ~((b.op == "host") & new_host)]
+    shards = {(m, tp) for m, tp in n[n.op != "host"][["model", "tp"]].drop_duplicates().itertuples(index=False)}
+    shards |= {(a, tp) for a, src in aliases.items() for m, tp in shards if m == src}
+    in_new = pd.Series([(m, tp) in shards for m, tp in zip(b.model, b.tp)], index=b.index, dtype=bool)
+    keep = b[~(in_new & (b.op != "host")) & ~((b.op == "host") & new_host)]
     # NEW's own rows of an alias (a resumed run keeps the ones it was given) give way to the copies
     own = n[~n.model.isin(aliases) & (new_host | (n.op != "host"))]
     rows = pd.concat([keep, own, *copies], ignore_index=True)
@@ -74,6 +78,7 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
     meta["incomplete"] = bool(meta["incomplete_tables"])
     meta["merged"] = list(mb.get("merged", [])) + [
         {"date": mn.get("date"), "command": mn.get("command"), "models": sorted(replaced),
+         "tps": sorted({int(tp) for _, tp in shards}),
          "host": new_host, "kernels": {k: mn.get(k) for k in KERNELS}}]
     measured = rows[rows.op != "host"].model.unique()
     for key in KERNELS:

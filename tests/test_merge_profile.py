@@ -57,6 +57,24 @@ def test_merge_replaces_the_model_its_aliases_and_host_rows(tmp_path, new_profil
     assert (out / "comm.csv").read_bytes() == (BUNDLED / "comm.csv").read_bytes()
 
 
+def test_a_tp1_re_profile_keeps_the_other_shards_of_its_model(tmp_path, new_profile):
+    """NEW measured Llama-3-8B at TP 1 only: its TP 1 rows (and its alias's) are replaced, the TP 2-8
+    rows stay BASE's, and the merge entry says which shards are newer."""
+    rows = pd.read_csv(new_profile / "compute.csv")
+    rows[(rows.tp == 1) | (rows.op == "host")].to_csv(new_profile / "compute.csv", index=False)
+    out = tmp_path / "out"
+    proc = run(BUNDLED, new_profile, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    base, merged = pd.read_csv(BUNDLED / "compute.csv"), pd.read_csv(out / "compute.csv")
+    both = base.merge(merged, on=["op", "model", "tp", "tokens", "kv_len"], suffixes=("_base", "_merged"))
+    assert len(both) == len(base) == len(merged)
+    ratio = (both.ms_merged / both.ms_base).round(6)
+    eight_b = both.model.isin(["Llama-3-8B", "R1-Distill-Llama-8B"]) & (both.op != "host")
+    assert (ratio[eight_b & (both.tp == 1)] == 0.9).all() and (eight_b & (both.tp == 1)).sum() > 0
+    assert (ratio[eight_b & (both.tp > 1)] == 1.0).all() and (eight_b & (both.tp > 1)).sum() > 0
+    assert json.loads((out / "meta.json").read_text())["merged"][-1]["tps"] == [1]
+
+
 def test_merge_bad_input_is_one_line_and_writes_nothing(tmp_path, new_profile):
     out = tmp_path / "out"
     proc = run(tmp_path / "missing", new_profile, "-o", out)

@@ -595,8 +595,9 @@ def dot_config(m: int, n: int, k: int, w_bytes: float, x_bytes: int, *, fp8: boo
 
 def int4_x_ahead_on(launch: GemvLaunch, block_m: int) -> bool:
     """Whether an int4 launch of block_m padded token rows gathers x a tile ahead: the launch's
-    choice, else on for one 16-row MMA tile (at most 16 rows; the H100's best at 1 row, and every
-    row count up to 16 runs the same tile), off for more rows (not measured)."""
+    choice, else on for one 16-row MMA tile (at most 16 rows: 0.91-0.93 of the gather at the top of
+    each tile on the H100) and off for more rows (0.84-0.88 at 32-64 rows, but the bundled int4
+    profiles' rows there hold the other path's times; 1.18 from 128 rows)."""
     return block_m <= 16 if launch.int4_x_ahead is None else launch.int4_x_ahead
 
 
