@@ -8,7 +8,8 @@ models that were copied from it (meta.json `aliases`, e.g. R1-Distill-Llama-8B f
 shards NEW did not measure keep BASE's rows (a TP 1 re-profile leaves TP 2-8 as they were); NEW's
 host rows replace BASE's unless `--host base` (host rows come from a tiny stand-in model and vary
 run to run: keep the set that the validation ran with).
-comm.csv stays BASE's. meta.json stays BASE's, with NEW's `skipped`/`incomplete_tables` entries for
+comm.csv stays BASE's. meta.json stays BASE's (its `loop` NEW's when NEW's host rows are taken), with
+NEW's `skipped`/`incomplete_tables` entries for
 the replaced models and one entry under `merged` (date, command, models, tps, kernels) so the file says
 which rows are newer; each kernel setting (attention, rope, ...) becomes the one all models' rows
 were measured with, or "mixed". Used after a kernel change that only some models' rows need
@@ -76,6 +77,8 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
         meta[key] = ([e for e in mb.get(key, []) if not replaced & names(e)]
                      + [e for e in mn.get(key, []) if replaced & names(e)])
     meta["incomplete"] = bool(meta["incomplete_tables"])
+    if new_host:  # the host rows say which decoding loop they measured (`profile compute --loop`)
+        meta["loop"] = mn.get("loop", "host")
     meta["merged"] = list(mb.get("merged", [])) + [
         {"date": mn.get("date"), "command": mn.get("command"), "models": sorted(replaced),
          "tps": sorted({int(tp) for _, tp in shards}),

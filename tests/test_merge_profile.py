@@ -58,10 +58,13 @@ def test_merge_replaces_the_model_its_aliases_and_host_rows(tmp_path, new_profil
 
 
 def test_a_tp1_re_profile_keeps_the_other_shards_of_its_model(tmp_path, new_profile):
-    """NEW measured Llama-3-8B at TP 1 only: its TP 1 rows (and its alias's) are replaced, the TP 2-8
-    rows stay BASE's, and the merge entry says which shards are newer."""
+    """NEW measured Llama-3-8B at TP 1 only, with the device loop's host rows: its TP 1 rows (and its
+    alias's) are replaced, the TP 2-8 rows stay BASE's, the merge entry says which shards are newer
+    and meta.json which loop the host rows measured."""
     rows = pd.read_csv(new_profile / "compute.csv")
     rows[(rows.tp == 1) | (rows.op == "host")].to_csv(new_profile / "compute.csv", index=False)
+    meta = json.loads((new_profile / "meta.json").read_text())
+    (new_profile / "meta.json").write_text(json.dumps({**meta, "loop": "device"}))
     out = tmp_path / "out"
     proc = run(BUNDLED, new_profile, "-o", out)
     assert proc.returncode == 0, proc.stderr
@@ -72,7 +75,9 @@ def test_a_tp1_re_profile_keeps_the_other_shards_of_its_model(tmp_path, new_prof
     eight_b = both.model.isin(["Llama-3-8B", "R1-Distill-Llama-8B"]) & (both.op != "host")
     assert (ratio[eight_b & (both.tp == 1)] == 0.9).all() and (eight_b & (both.tp == 1)).sum() > 0
     assert (ratio[eight_b & (both.tp > 1)] == 1.0).all() and (eight_b & (both.tp > 1)).sum() > 0
-    assert json.loads((out / "meta.json").read_text())["merged"][-1]["tps"] == [1]
+    merged_meta = json.loads((out / "meta.json").read_text())
+    assert merged_meta["merged"][-1]["tps"] == [1]
+    assert merged_meta["loop"] == "device"  # the host rows taken are the device loop's
 
 
 def test_merge_bad_input_is_one_line_and_writes_nothing(tmp_path, new_profile):
