@@ -313,8 +313,10 @@ def _sampling_params(temperature: float, seed: int, top_k: int, top_p: float) ->
 
 LOOP_HELP = ("host (the draft tree in Python, a sync per step) | device (fixed-shape tensors replayed as CUDA "
              "graphs, no sync per step; the same tokens)")
-loop_option = click.option("--loop", type=click.Choice(LOOPS), default="host", show_default=True,
-                           help=f"Decoding loop: {LOOP_HELP}.")
+# generate has no profile to follow: the device loop on a GPU, where it was faster in every
+# configuration measured (docs/performance.md), the host loop elsewhere (eager, no syncs to save)
+loop_option = click.option("--loop", type=click.Choice(LOOPS), default=None,
+                           help=f"Decoding loop: {LOOP_HELP} [default: device on CUDA, host otherwise].")
 # run and validate compare with a profile's predictions: by default they run the loop it measured
 profile_loop_option = click.option(
     "--loop", type=click.Choice(LOOPS), default=None,
@@ -404,6 +406,7 @@ def generate(target, draft, mode, bs, w, d, max_depth, topology, prompt, prompt_
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     device, dtype = device_dtype(device, dtype)
+    loop = loop or ("device" if device.startswith("cuda") else "host")
     if weights == "checkpoint":  # a truncated file or weights unlike the config: one line, before any work
         from swiftspec.runtime.weights import check_checkpoints
         check_checkpoints(target, draft if m is not Mode.autoregressive else None)

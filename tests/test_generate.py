@@ -281,16 +281,17 @@ def test_cli_json_contract(make_checkpoint, pair, swiftspec_cli) -> None:
 
 def test_cli_device_loop_gives_the_host_loops_tokens(make_checkpoint, pair, swiftspec_cli) -> None:
     """`--loop device` decodes on fixed-shape tensors: the same tokens and accepted lengths as the
-    host loop, and the output says which loop ran."""
+    host loop, and the output says which loop ran (without --loop on a CPU: host)."""
     target, draft = make_checkpoint("qwen2"), make_checkpoint("qwen2", **SMALL_DRAFT)
     args = ["generate", "--target", target, "--draft", draft, "--mode", "serial", "--bs", 6, "--w", 2, "--d", 3,
             "--prompt-ids", "5,6,7,8,9", "--max-new-tokens", 12, "--no-eos", "--json"]  # fmt: skip
     runs = {}
-    for loop in ("host", "device"):
-        code, out, err = swiftspec_cli(*args, "--loop", loop)
+    for loop in ("host", "device", None):  # None: the default, the host loop off CUDA
+        code, out, err = swiftspec_cli(*args, *(("--loop", loop) if loop else ()))
         assert code == 0, err
         runs[loop] = json.loads(out)
-        assert runs[loop]["loop"] == loop
+        assert runs[loop]["loop"] == (loop or "host")
+    assert runs[None]["tokens"] == runs["host"]["tokens"]
     assert runs["device"]["tokens"] == runs["host"]["tokens"] == decode(pair("qwen2")[0], None, [5, 6, 7, 8, 9], n=12).tokens
     assert [r["accepted"] for r in runs["device"]["records"]] == [r["accepted"] for r in runs["host"]["records"]]
     code, _, err = swiftspec_cli(*args, "--loop", "gpu")
