@@ -8,11 +8,10 @@ models that were copied from it (meta.json `aliases`, e.g. R1-Distill-Llama-8B f
 shards NEW did not measure keep BASE's rows (a TP 1 re-profile leaves TP 2-8 as they were); NEW's
 host rows replace BASE's unless `--host base` (host rows come from a tiny stand-in model and vary
 run to run: keep the set that the validation ran with).
-comm.csv stays BASE's. meta.json stays BASE's (its `loop` NEW's when NEW's host rows are taken), with
-NEW's `skipped`/`incomplete_tables` entries for
-the replaced models and one entry under `merged` (date, command, models, tps, kernels) so the file says
-which rows are newer; each kernel setting (attention, rope, ...) becomes the one all models' rows
-were measured with, or "mixed". Used after a kernel change that only some models' rows need
+comm.csv stays BASE's. meta.json stays BASE's (its `loop` NEW's when NEW's host rows are taken),
+with NEW's `skipped`/`incomplete_tables` entries for the replaced models and one entry under
+`merged` (date, command, models, tps, kernels) so the file says which rows are newer; each kernel
+setting (attention, rope, ...) becomes the one all models' rows were measured with, or "mixed". Used after a kernel change that only some models' rows need
 (benchmarks/README.md). OUT is written through a temporary folder: on error nothing is left behind.
 """
 from __future__ import annotations
