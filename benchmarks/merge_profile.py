@@ -11,8 +11,9 @@ run to run: keep the set that the validation ran with).
 comm.csv stays BASE's. meta.json stays BASE's (its `loop` NEW's when NEW's host rows are taken),
 with NEW's `skipped`/`incomplete_tables` entries for the replaced models and one entry under
 `merged` (date, command, models, tps, kernels) so the file says which rows are newer; each kernel
-setting (attention, rope, ...) becomes the one all models' rows were measured with, or "mixed". Used after a kernel change that only some models' rows need
-(benchmarks/README.md). OUT is written through a temporary folder: on error nothing is left behind.
+setting (attention, rope, ...) becomes the one all models' rows were measured with, or "mixed".
+Used after a kernel change that only some models' rows need (benchmarks/README.md). OUT is written
+through a temporary folder: on error nothing is left behind.
 """
 from __future__ import annotations
 
