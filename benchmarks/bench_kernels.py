@@ -375,18 +375,19 @@ def bench_kv_move(layers, hkv, max_len, d, n, dtype, device, bw, gen):
     ]
 
 
-def bench_tree_growth(vocab, t, k, device, bw, gen):
+def bench_tree_growth(vocab, t, k, device, bw, gen, reps: int = 50):
     """log-softmax + top-k of t rows of float32 logits: Triton (two launches) vs torch (what
     `DraftTree.grow` runs). One L2-warm set, as in the runtime, where the LM head just wrote the
-    logits (and as the profile's tree_growth op measures it); floor = one read of the logits."""
+    logits (and as the profile's tree_growth op measures it); floor = one read of the logits.
+    reps: timed calls per host measurement (and at most 20 per device one)."""
     logits = (3 * torch.randn((t, vocab), generator=gen) + 1).to(device)
     got_v, got_i = logsoftmax_topk(logits, k)
     ref_v, ref_i = logsoftmax_topk_ref(logits, k)
     err = float((got_v - ref_v).abs().max()) if torch.equal(got_i, ref_i) else float("inf")
     floor_us = t * vocab * 4 / bw * 1e6 if bw == bw else float("nan")
     base = {"vocab": vocab, "queries": t, "k": k, "dtype": "float32", "buffer_sets": 1, "floor_us": floor_us}
-    us = time_calls([lambda: logsoftmax_topk(logits, k)] * 20, device)
-    us_ref = time_calls([lambda: logsoftmax_topk_ref(logits, k)] * 20, device)
+    us = time_calls([lambda: logsoftmax_topk(logits, k)] * min(20, reps), device)
+    us_ref = time_calls([lambda: logsoftmax_topk_ref(logits, k)] * min(20, reps), device)
 
     def two_copies(fn):  # the path before one packed copy: .tolist() of values, then of indices
         return lambda: [x.tolist() for x in fn(logits, k)]
@@ -404,21 +405,27 @@ def bench_tree_growth(vocab, t, k, device, bw, gen):
             (host,) = to_host(packed)
             return [x.tolist() for x in unpack_topk(host.numpy(), t, k)]
 
-        rows.append({**base, "impl": "tree_growth_graph", "us": us, "rel_err": err, "wall_us": wall_us(graph_host),
-                     "launch_us": launch_us(graph.replay, device)})  # fmt: skip
+        rows.append({**base, "impl": "tree_growth_graph", "us": us, "rel_err": err,
+                     "wall_us": wall_us(graph_host, reps), "launch_us": launch_us(graph.replay, device, reps)})
     return rows + [{**base, "impl": "tree_growth_triton", "us": us, "rel_err": err,
-             "wall_us": wall_us(lambda: top_logprobs_host(logits, k, "triton")),
-             "wall_us_two_copies": wall_us(two_copies(logsoftmax_topk)),
-             "launch_us": launch_us(lambda: logsoftmax_topk_packed(logits, k), device)},
+             "wall_us": wall_us(lambda: top_logprobs_host(logits, k, "triton"), reps),
+             "wall_us_two_copies": wall_us(two_copies(logsoftmax_topk), reps),
+             "launch_us": launch_us(lambda: logsoftmax_topk_packed(logits, k), device, reps)},
             {**base, "impl": "tree_growth_torch", "us": us_ref, "rel_err": float("nan"),
-             "wall_us": wall_us(lambda: top_logprobs_host(logits, k, "torch")),
-             "wall_us_two_copies": wall_us(two_copies(logsoftmax_topk_ref)),
-             "launch_us": launch_us(lambda: logsoftmax_topk_ref(logits, k), device)}]
+             "wall_us": wall_us(lambda: top_logprobs_host(logits, k, "torch"), reps),
+             "wall_us_two_copies": wall_us(two_copies(logsoftmax_topk_ref), reps),
+             "launch_us": launch_us(lambda: logsoftmax_topk_ref(logits, k), device, reps)}]
 
 
 def tree_growth_grid(quick: bool) -> list[tuple[int, int]]:
     """(vocab, rows) of the tree-growth rows: the Llama-3 and Qwen2 vocabularies at 1, 8, 64 rows."""
     return [(v, t) for v in ([1000] if quick else [128256, 151936]) for t in ([1, 4] if quick else [1, 8, 64])]
+
+
+def tree_growth_reps(quick: bool) -> int:
+    """Timed calls per tree-growth measurement: the quick run's interpreted kernels check the rows
+    and the file, their times mean nothing, so a few calls do."""
+    return 2 if quick else 50
 
 
 def write_rows(stem: Path, df: pd.DataFrame, meta: dict) -> None:
@@ -527,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if args.tree_growth_only:
         for vocab, t in tree_growth_grid(args.quick):
-            rows += bench_tree_growth(vocab, t, 8, device, bw, gen)
+            rows += bench_tree_growth(vocab, t, 8, device, bw, gen, tree_growth_reps(args.quick))
         df = pd.DataFrame(rows)
         stem = Path(args.out) / f"tree_growth_{dt.date.today().isoformat()}{'_quick' if args.quick else ''}"
         write_rows(stem, df, {**run_metadata(device), "copy_bandwidth_Bps": bw,
@@ -601,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     layers, hkv, max_len, d = kv_shape
     rows += bench_kv_move(layers, hkv, max_len, d, 8, dtype, device, bw, gen)
     for vocab, t in tree_growth_grid(args.quick):
-        rows += bench_tree_growth(vocab, t, 8, device, bw, gen)
+        rows += bench_tree_growth(vocab, t, 8, device, bw, gen, tree_growth_reps(args.quick))
     df = pd.DataFrame(rows)
     elapsed = time.perf_counter() - t_start
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_step_kernels.py                 # on the H200: < 3 minutes
     TRITON_INTERPRET=1 python benchmarks/bench_step_kernels.py --device cpu --models PATH \\
-        --tokens 1,4 --kv 32 --reps 2 --out /tmp/bsk       # CPU smoke run (tiny checkpoint folder)
+        --tokens 1,4 --kv 32 --reps 2 --warmup 0 --out /tmp/bsk   # CPU smoke run (tiny checkpoint folder)
 
 Step ("kind" = step): Llama-3-8B and Llama-3.2-1B shapes (random bf16 weights), 1 and 64 new tokens
 (decode; tree verify with a causal mask), kv 1024 and 4096, Triton tree attention. Each mode
@@ -129,7 +129,7 @@ def step_rows(args, runner: GraphRunner, spec, kv: int, base: dict, bw: float, l
     device, rows = runner.model.device, []
     for t in args.tokens:
         toks, pos, mask = step_inputs(spec, t, kv)
-        ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, 10, device)  # noqa: B023
+        ms = time_ms(lambda: runner.run(toks, pos, pos, kv, mask), args.reps, args.warmup, device)  # noqa: B023
         out = runner.run(toks, pos, pos, kv, mask).float().clone()  # not the graph's static output
         ref = logits.setdefault((kv, t), out) if base["fusion"] == "off" else logits.get((kv, t))
         nbytes = bytes_read(dataclasses.replace(spec, weight_format=base["weight_format"]), t, kv, args.tp)
@@ -160,11 +160,11 @@ def paired_rows(args, setup: Callable, cache: KVCache, spec, kv: int, bw: float)
         toks, pos, mask = step_inputs(spec, t, kv)
         times: dict[str, list[float]] = {f: [] for f, _ in runners}
         outs = {}
-        for r in range(args.reps + 3):  # 3 warm-up rounds
+        for r in range(args.reps + args.warmup):  # warm-up rounds first
             k = r % len(runners)
             for fusion, runner in runners[k:] + runners[:k]:
                 ms = time_ms(functools.partial(runner.run, toks, pos, pos, kv, mask), 1, 0, device)
-                if r >= 3:
+                if r >= args.warmup:
                     times[fusion] += ms
         for fusion, runner in runners:
             # clone: float32 logits are the graph's static output, and runners may share its memory
@@ -449,6 +449,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="time rank 0 of a TP-way shard (communication skipped, as `profile compute` does); "
                          "the floor is that rank's bytes")
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed steps before each mode's timed reps per token count (default 10); with "
+                         "--paired, untimed rounds of every mode per token count (default 3)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure the fusions this many times, the order reversed every other round; "
                          "tables show the median over rounds, rows keep `round` and `position`")
@@ -462,6 +465,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.reps < 1:
         ap.error("--rounds and --reps must be >= 1")
+    if args.warmup is None:
+        args.warmup = 3 if args.paired else 10
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
     if args.tp < 1:
         ap.error("--tp must be >= 1")
     if not 1 <= args.gemm_gemv_rows <= MAX_ROWS_DOT:

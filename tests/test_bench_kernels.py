@@ -13,6 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernels.py"
+sys.path.insert(0, str(BENCH.parent))
+
+import bench_kernels  # noqa: E402
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
@@ -44,10 +47,17 @@ def test_grid_quick_final_file_replaces_the_partial_ones(tmp_path):
     tri = df[df.impl == "triton"]
     assert sorted(tri.kv) == [96, 160] and (tri.rel_err < 2e-2).all()
     assert (df.impl == "sdpa_mask").any() and df.impl.str.startswith("kv_move").any()  # the run went past the grid
+    growth = df[df.impl == "tree_growth_triton"]  # the last rows: same top-k as torch (else rel_err is inf)
+    assert sorted(growth.queries) == [1, 4] and (growth.rel_err < 1e-4).all() and growth.wall_us.notna().all()
 
 
-def test_bad_tile_arguments_are_one_line_exit_2(tmp_path):
-    for bad in (["--tiles", "128/64/8"], ["--tiles", "128/64/8/3/x"], ["--tile-shapes", "1024:32"], ["--tile-shapes", "1024:32:32/8:64:1"]):
-        proc = run_bench("--tile-sweep", *bad, "--out", str(tmp_path))
-        assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+def test_bad_tile_arguments_are_one_line_exit_2(tmp_path, capsys):
+    """The first bad argument through the script (its exit status, nothing else on stderr), the
+    rest through `main` in this process (the same parse and return)."""
+    proc = run_bench("--tile-sweep", "--tiles", "128/64/8", "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    for bad in (["--tiles", "128/64/8/3/x"], ["--tile-shapes", "1024:32"], ["--tile-shapes", "1024:32:32/8:64:1"]):
+        code = bench_kernels.main(["--quick", "--tile-sweep", *bad, "--out", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert not any(tmp_path.iterdir())  # nothing written

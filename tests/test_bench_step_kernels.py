@@ -25,7 +25,7 @@ from swiftspec.spec import ModelSpec  # noqa: E402
 def test_rounds_alternate_the_order(make_checkpoint, tmp_path):
     ckpt = make_checkpoint("llama")
     bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,4", "--kv", "16",
-                             "--fusions", "off,triton", "--reps", "2", "--rounds", "2", "--no-kernels",
+                             "--fusions", "off,triton", "--reps", "2", "--warmup", "0", "--rounds", "2", "--no-kernels",
                              "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
     (csv,) = tmp_path.glob("bench_step_kernels-*.csv")
     steps = pd.read_csv(csv).query("kind == 'step'")
@@ -44,7 +44,7 @@ def test_fp8_mode_has_its_own_floor(make_checkpoint, tmp_path):
     its logits near (not equal to) those of "off"."""
     ckpt = make_checkpoint("llama")
     bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1", "--kv", "16",
-                             "--fusions", "off,triton+gemv+fp8", "--reps", "2", "--no-kernels",
+                             "--fusions", "off,triton+gemv+fp8", "--reps", "2", "--warmup", "0", "--no-kernels",
                              "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
     steps = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv"))).query("kind == 'step'").set_index("fusion")
     assert steps.loc["triton+gemv+fp8", "weight_format"] == "fp8" and steps.loc["off", "weight_format"] == "native"
@@ -60,8 +60,8 @@ def test_gemv_rows_suffix_and_gemm_table(make_checkpoint, tmp_path):
     the GEMMs-alone table at 20 tokens, where the default (16) has cuBLAS only."""
     ckpt = make_checkpoint("llama")
     bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,20", "--kv", "32",
-                             "--fusions", "off,triton+gemv32", "--reps", "2", "--no-kernels", "--gemm-gemv-rows", "32",
-                             "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
+                             "--fusions", "off,triton+gemv32", "--reps", "2", "--warmup", "0", "--no-kernels",
+                             "--gemm-gemv-rows", "32", "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
     rows = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv")))
     steps = rows.query("kind == 'step' and fusion == 'triton+gemv32'")
     assert len(steps) == 2 and (steps["max_rel_err_vs_off"] < 1e-4).all()
@@ -76,8 +76,8 @@ def test_paired_alternates_every_step(make_checkpoint, tmp_path):
     timings and its ratio to the first fusion (1 for the first itself), and the outputs agree."""
     ckpt = make_checkpoint("llama")
     bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,4", "--kv", "16",
-                             "--fusions", "off,triton,triton+gemv+foldnorm", "--reps", "3", "--paired", "--no-kernels",
-                             "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
+                             "--fusions", "off,triton,triton+gemv+foldnorm", "--reps", "3", "--warmup", "0", "--paired",
+                             "--no-kernels", "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
     rows = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv")))
     paired = rows.query("kind == 'paired'")
     assert len(paired) == 3 * 2 and not len(rows.query("kind == 'step'"))
@@ -86,6 +86,8 @@ def test_paired_alternates_every_step(make_checkpoint, tmp_path):
     assert (first.ratio_vs_first == 1.0).all() and (first.max_rel_err_vs_first == 0.0).all()
     assert (paired.ratio_vs_first > 0).all() and (paired.max_rel_err_vs_first < 1e-4).all()
     assert (paired.ratio_p10 <= paired.ratio_vs_first).all() and (paired.ratio_vs_first <= paired.ratio_p90).all()
+    with pytest.raises(SystemExit):
+        bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--paired", "--warmup", "-1"])
 
 
 def test_tp_shard_times_rank_zero_against_its_own_floor(make_checkpoint, tmp_path):
@@ -94,8 +96,8 @@ def test_tp_shard_times_rank_zero_against_its_own_floor(make_checkpoint, tmp_pat
     model's), and the shard's logits agree across the modes."""
     ckpt = make_checkpoint("llama")
     bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1,4", "--kv", "16", "--tp", "2",
-                             "--fusions", "triton+gemv,triton+gemv+foldnorm+swiglu+rope", "--reps", "2", "--paired",
-                             "--no-kernels", "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
+                             "--fusions", "triton+gemv,triton+gemv+foldnorm+swiglu+rope", "--reps", "2", "--warmup", "0",
+                             "--paired", "--no-kernels", "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
     rows = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv")))
     paired = rows.query("kind == 'paired'")
     assert len(paired) == 2 * 2 and (paired.tp == 2).all()

@@ -12,15 +12,17 @@ import sys
 import tarfile
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("gpus,weight_format", [(2, "native"), (3, "fp8")])
-def test_gpu_multi_script_smoke_on_cpu(tmp_path, gpus, weight_format):
-    """The 3-rank run uses WEIGHT_FORMAT=fp8: its profile is measured on fp8 shards, and `run`
-    follows the plan's profile to fp8 models."""
+def test_gpu_multi_script_smoke_on_cpu(tmp_path):
+    """3 ranks with WEIGHT_FORMAT=fp8: the profile is measured on fp8 shards (TP 1..3), and `run`
+    follows the plan's profile to fp8 models. One run: with SMOKE=1 the script takes the same path
+    at any GPUS (SMOKE sets the pair and the measured compute), and 3 ranks with fp8 pass every
+    flag that 2 ranks with native weights pass. Elsewhere: gloo comm at world 2
+    (test_profiler_comm.py), native weights from a plan's profile (test_launch.py), `plan` then
+    `run` with native weights (test_plan_to_run.py, test_async_synthetic.py)."""
+    gpus, weight_format = 3, "fp8"
     env = {**os.environ, "DEVICE": "cpu", "SMOKE": "1", "GPUS": str(gpus), "OUT": str(tmp_path),
            "PY": sys.executable, "OMP_NUM_THREADS": "1", "WEIGHT_FORMAT": weight_format}
     proc = subprocess.run(["bash", "benchmarks/gpu_multi.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
