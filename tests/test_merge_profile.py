@@ -1,5 +1,8 @@
 """benchmarks/merge_profile.py: a partial re-profile merged into the bundled H200 profile."""
 
+import contextlib
+import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -13,8 +16,20 @@ SCRIPT = ROOT / "benchmarks" / "merge_profile.py"
 BUNDLED = ROOT / "swiftspec" / "data" / "profiles" / "h200-measured"
 
 
-def run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=120)
+def _load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(*args, script: Path = SCRIPT) -> subprocess.CompletedProcess:
+    """A script's `main` in this process (a subprocess would import torch again for each call): its
+    exit code and what it printed. Each bad-input test runs its script once as a process too."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = _load_script(script).main([str(a) for a in args])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture
@@ -82,7 +97,8 @@ def test_a_tp1_re_profile_keeps_the_other_shards_of_its_model(tmp_path, new_prof
 
 def test_merge_bad_input_is_one_line_and_writes_nothing(tmp_path, new_profile):
     out = tmp_path / "out"
-    proc = run(tmp_path / "missing", new_profile, "-o", out)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "missing"), str(new_profile), "-o", str(out)],
+                          capture_output=True, text=True, timeout=120)  # the script's own exit, once
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
     meta = json.loads((new_profile / "meta.json").read_text())
     meta["weight_format"] = "fp8"
@@ -165,9 +181,7 @@ def test_ws_resume_partial_drops_exactly_the_forwards_the_gluon_rule_takes(tmp_p
     whose group divides 64 (Llama-3-8B group 4 from 32 tokens; Qwen2-1.5B TP 6 group 2 from 64;
     Llama-3.2-3B group 3 and Qwen2-1.5B TP 4 group 3 never), the derived `layers` rows and the
     alias models' rows."""
-    script = ROOT / "benchmarks" / "ws_resume_partial.py"
-    proc = subprocess.run([sys.executable, str(script), str(BUNDLED), str(tmp_path)], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = run(BUNDLED, tmp_path, script=ROOT / "benchmarks" / "ws_resume_partial.py")
     assert proc.returncode == 0, proc.stderr
     base = pd.read_csv(BUNDLED / "compute.csv")
     kept = pd.read_csv(tmp_path / "compute.partial.csv")
