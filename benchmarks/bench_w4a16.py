@@ -9,13 +9,13 @@ does (a CUDA graph of calls rotating over enough weight copies to stream cold we
 bf16 weights through the skinny linear's default (`gemv`, up to 256 rows) and cuBLAS (`F.linear`);
 fp8 weights through their default; int4 weights (`quantize_int4`, groups of 128) through the
 default, x gathered each tile (`gather`) and one tile ahead (`ahead`) at every row count (the
-default picks by rows: `gemv.int4_x_ahead_on`) and, unless --quick, the variants: 256-wide K steps (two groups a tile, so every slice is
-dequantized instead of the group's scale applied once, `bk256`), K split 1 / 2 / 4 / 8 / 16 ways
-(`k1`...; 128 weight rows over 8 warps), 64 weight rows over 4 warps a program (`bn64`, split as the
-default, or `bn64_k1`...) and 128 rows over 8 warps with x ahead (`bn128_ahead`). floor_us = the
-variant's weight bytes (int4: packed ints + fp16 scales + zeros) / the device-to-device copy
-bandwidth measured in the same run. Every variant is checked against float32 products of the
-weights it stands for (rel_err).
+default picks by rows: `gemv.int4_x_ahead_on`) and, unless --quick, the variants: 256-wide K steps
+(two groups a tile, so every slice is dequantized instead of the group's scale applied once,
+`bk256`), K split 1 / 2 / 4 / 8 / 16 ways (`k1`...; 128 weight rows over 8 warps), 64 weight rows
+over 4 warps a program (`bn64`, split as the default, or `bn64_k1`...) and 128 rows over 8 warps
+with x ahead (`bn128_ahead`). floor_us = the variant's weight bytes (int4: packed ints + fp16 scales
++ zeros) / the device-to-device copy bandwidth measured in the same run. Every variant is checked
+against float32 products of the weights it stands for (rel_err).
 Writes DIR/bench_w4a16.csv and DIR/bench_w4a16.json (run_metadata, copy bandwidth, rows).
 """
 

@@ -56,7 +56,7 @@ def merge_profiles(base: Path, new: Path, host: str = "new") -> tuple[pd.DataFra
     new_host = host == "new" and bool((n.op == "host").any())
     shards = {(m, tp) for m, tp in n[n.op != "host"][["model", "tp"]].drop_duplicates().itertuples(index=False)}
     shards |= {(a, tp) for a, src in aliases.items() for m, tp in shards if m == src}
-    in_new = pd.Series([(m, tp) in shards for m, tp in zip(b.model, b.tp)], index=b.index, dtype=bool)
+    in_new = pd.MultiIndex.from_frame(b[["model", "tp"]]).isin(shards)
     keep = b[~(in_new & (b.op != "host")) & ~((b.op == "host") & new_host)]
     # NEW's own rows of an alias (a resumed run keeps the ones it was given) give way to the copies
     own = n[~n.model.isin(aliases) & (new_host | (n.op != "host"))]

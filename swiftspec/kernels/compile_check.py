@@ -174,9 +174,9 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool =
 def compile_gemv(cfg: DotConfig, rms: bool, epilogue: str, dtype: str = "bf16", capability: int = 90,
                  int4_group: int = 0, int4_x_ahead: bool | None = None, pdl: int = 0, pf_lines: int = 0):
     """The skinny linear's dot kernel compiled for sm_<capability> (`gemv_reports`' arguments;
-    int4_x_ahead: `GemvLaunch.int4_x_ahead`, None: what `gemv` picks for cfg.block_m; pdl: `pdl.pdl_mode`'s constexpr, pf_lines: its
-    `PF_LINES` under PDL "prefetch"), as Triton's CompiledKernel: `asm["cubin"]` holds the machine
-    code. Not under TRITON_INTERPRET=1."""
+    int4_x_ahead: `GemvLaunch.int4_x_ahead`, None: what `gemv` picks for cfg.block_m; pdl:
+    `pdl.pdl_mode`'s constexpr, pf_lines: its `PF_LINES` under PDL "prefetch"), as Triton's
+    CompiledKernel: `asm["cubin"]` holds the machine code. Not under TRITON_INTERPRET=1."""
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
     pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC", "SZ", "ZP")
     ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
