@@ -103,7 +103,7 @@ def _tol(dtype: torch.dtype, ref: torch.Tensor) -> float:
 def test_w4a16_equals_reference(dtype, rows, group):
     """Random int4 weights (odd N: a partial column block), bias on, split K both ways; a tile of
     one group (bf16 / fp16: scale and zero applied per tile) and of two (dequantized per slice); x
-    gathered each tile and a tile ahead (the default at <= 16 rows)."""
+    gathered each tile and a tile ahead (the default at <= 64 rows)."""
     gen = torch.Generator().manual_seed(rows * 7 + group)
     n, k = 72, 256
     w4 = quantize_int4(torch.randn(n, k, generator=gen), group)
@@ -111,7 +111,7 @@ def test_w4a16_equals_reference(dtype, rows, group):
     bias = torch.randn(n, generator=gen).to(dtype)
     ref = gemv_ref(x, w4, bias)
     for launch in (GemvLaunch(), GemvLaunch(split_k=2), GemvLaunch(split_k=1, block_k=256),
-                   GemvLaunch(int4_x_ahead=rows > 16)):
+                   GemvLaunch(int4_x_ahead=rows > 64)):
         got = gemv(x, w4, bias, launch=launch)
         assert got.dtype == dtype and got.shape == (rows, n)
         assert (got.float() - ref.float()).abs().max().item() <= _tol(dtype, ref), launch
