@@ -257,7 +257,7 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
             for rep in range(prompts + 1):  # the first decode warms up (allocations, graph inputs)
                 pi = rep % prompts
                 for r in (t_runner, d_runner):
-                    r.prefix_len, r.tree_len, r.pending = 0, 0, []
+                    r.reset()
                 clock.take()
                 res = generate(t_runner, d_runner if spec else None, ids[pi], cfg,
                                verifier=SyntheticVerifier(paths[pi]) if spec else None)
@@ -886,7 +886,7 @@ def _measure(c: Config, runner, ids: list[list[int]], paths: list[list[int]], lo
 
     def once(pi: int, cfg: GenerateConfig = cfg):
         for r in rs:
-            r.prefix_len, r.tree_len, r.pending = 0, 0, []
+            r.reset()
         if device == "cuda":
             torch.cuda.synchronize()
         clock.take()

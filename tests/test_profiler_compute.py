@@ -253,6 +253,25 @@ def test_host_rows_of_the_device_loop_are_labelled_and_kept_apart(make_checkpoin
                         options=ComputeOptions(host_decodes=(1, 6), loop="device"))  # fmt: skip
 
 
+def test_host_rows_time_a_loop_built_before_them(monkeypatch):
+    """The timed decodes of each mode reuse the runners of one warm-up decode, so the device loop
+    (captured into CUDA graphs when built) is built once per mode and its capture is no host work."""
+    from swiftspec.profiler.compute import HOST_MODES, measure_host
+    from swiftspec.runtime import generate as gen_mod
+
+    built = []
+
+    class CountedLoop(gen_mod.DeviceLoop):
+        def __init__(self, *args, **kwargs):
+            built.append(args[2])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gen_mod, "DeviceLoop", CountedLoop)
+    rows = measure_host("cpu", prompts=2, new_tokens=6, loop="device")
+    assert [r["n"] for r in rows] == [2] * len(HOST_MODES)  # the warm-up decode is not a sample
+    assert len(built) == len(HOST_MODES)
+
+
 def test_cli_check_reports_errors_per_op(cpu_profile, monkeypatch, capsys):
     from swiftspec import cli
 

@@ -96,6 +96,7 @@ HOST_POLICIES = {
     Mode.chain: TreePolicy.chain(4),
     Mode.serial: TreePolicy(bs=8, w=8, d=4),
 }
+PROMPT_LEN = 32  # tokens of each random prompt a host row decodes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -411,7 +412,9 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     bundled models); `validate` calibrates on stand-ins with the real vocabulary and depth instead.
     For each decode, host = (decode wall time - sum of the decode forwards' device time, from
     events around each graph replay on CUDA, perf_counter around each eager forward on CPU) /
-    iterations; the row is the median over `prompts` decodes. The device time of log-softmax/top-w
+    iterations; the row is the median over `prompts` decodes, after one
+    warm-up decode on the same runners (graph captures, the device loop's included, and first
+    allocations are not host work of an iteration). The device time of log-softmax/top-w
     and of `KVCache.move` stays in host (launch-bound at this size, a few µs); the profile's
     `tree_growth` and `kv_compact` rows hold their device time at real shapes. `async` needs the
     multi-process runtime and is not measured here. loop: the decoding loop measured
@@ -426,13 +429,18 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     for mode in modes:
         policy = HOST_POLICIES[mode]
         per_decode = []
-        for _ in range(prompts):
-            ids = torch.randint(0, model.spec.vocab, (32,), generator=gen).tolist()
-            speculative = mode is not Mode.autoregressive
-            target = ModelRunner(model, cache_slots(len(ids), new_tokens, policy, draft=False))
-            draft = ModelRunner(model, cache_slots(len(ids), new_tokens, policy, draft=True)) if speculative else None
-            clocks = [ForwardClock([r]) for r in (target, draft) if r is not None]
-            cfg = GenerateConfig(mode=mode, policy=policy, max_new_tokens=new_tokens, loop=loop)
+        speculative = mode is not Mode.autoregressive
+        target = ModelRunner(model, cache_slots(PROMPT_LEN, new_tokens, policy, draft=False))
+        draft = ModelRunner(model, cache_slots(PROMPT_LEN, new_tokens, policy, draft=True)) if speculative else None
+        clocks = [ForwardClock([r]) for r in (target, draft) if r is not None]
+        cfg = GenerateConfig(mode=mode, policy=policy, max_new_tokens=new_tokens, loop=loop)
+        for rep in range(prompts + 1):
+            ids = torch.randint(0, model.spec.vocab, (PROMPT_LEN,), generator=gen).tolist()
+            for r in (target, draft):
+                if r is not None:
+                    r.reset()
+            for clock in clocks:
+                clock.take()
             res = generate(target, draft, ids, cfg)
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -441,7 +449,8 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
             if loop == "device":  # its forwards run inside its own graphs (CPU: its phases)
                 fwd = res.device_ms if res.device_ms is not None else sum(r.draft_ms + r.verify_ms
                                                                            for r in res.records)
-            per_decode.append((res.decode_s * 1e3 - fwd) / res.iterations)
+            if rep > 0:  # the first decode warms up: graph captures (the device loop's too), allocations
+                per_decode.append((res.decode_s * 1e3 - fwd) / res.iterations)
         rows.append({"op": "host", "model": mode.value, "tp": 1, "tokens": 0, "kv_len": 0, **summarize(per_decode)})
     with contextlib.suppress(OSError):
         (folder / "config.json").unlink()

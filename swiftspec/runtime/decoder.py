@@ -69,6 +69,11 @@ class ModelRunner:
             # (e.g. long prefill chunks) then run eagerly
             self.graphs = GraphRunner(model, self.cache, max_tree=min(max_tree or max_len, max_len))
 
+    def reset(self) -> None:
+        """Empty the runner for the next prompt, keeping its cache, CUDA graphs and device loops:
+        slots beyond prefix_len are never attended, so stale KV there is harmless."""
+        self.prefix_len, self.tree_len, self.pending = 0, 0, []
+
     # ---- the one call into the model ------------------------------------------------------
 
     def _run(self, tokens: list[int], positions: list[int], slots: list[int], tree_mask: torch.Tensor) -> torch.Tensor:

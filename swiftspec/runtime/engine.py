@@ -180,12 +180,6 @@ def _runner(model, max_len: int, vocab_limit: int | None = None) -> ModelRunner:
     return ModelRunner(model, max_len, vocab_limit=vocab_limit)
 
 
-def _reset(runner: ModelRunner) -> None:
-    """Empty a runner for the next prompt without reallocating its cache (or its CUDA graphs):
-    slots beyond prefix_len are never attended, so stale KV there is harmless."""
-    runner.prefix_len, runner.tree_len, runner.pending = 0, 0, []
-
-
 def _vocab_limit(ctx: Ctx, model) -> int | None:
     """Where `model`'s logits are cut: the job's shared ids (`Job.vocab`, else the smaller of the
     two vocabularies), for the draft and, when the job has a draft, the target alike (`runtime.vocab`)."""
@@ -512,9 +506,9 @@ def _colocated(ctx: Ctx, task: Task) -> dict | None:
     prompts, rows = [], []
     for pi, prompt in enumerate(job.prompts):
         ctx.step()
-        _reset(target)
+        target.reset()
         if draft is not None:
-            _reset(draft)
+            draft.reset()
         synth = SyntheticVerifier(job.rank_paths[pi]) if synthetic else None
         verifier = synth or make_verifier(job.sampling.for_prompt(pi))
         ctx.sync()
@@ -570,7 +564,7 @@ def _async(ctx: Ctx, task: Task) -> dict | None:
     prompts, rows = [], []
     for pi, prompt in enumerate(job.prompts):
         ctx.step()
-        _reset(runner)
+        runner.reset()
         p0 = time.perf_counter()
         runner.prefill(prompt[:-1])
         ctx.sync()
