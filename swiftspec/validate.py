@@ -64,7 +64,6 @@ from swiftspec.files import atomic_dir, run_metadata
 from swiftspec.preflight import check_models, model_spec
 from swiftspec.run import not_comparable, profile_conditions, rank_paths, run_conditions
 from swiftspec.runtime.decoder import PREFILL_CHUNK, ModelRunner
-from swiftspec.runtime.device_loop import LoopPlan
 from swiftspec.runtime.generate import GenerateConfig, cache_slots, generate
 from swiftspec.runtime.graphs import ForwardClock
 from swiftspec.runtime.kernel_config import KernelConfig, kernel_mismatch
@@ -226,11 +225,12 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
     profile's `tree_growth` of every draft forward (`tree_growth_ms(tokens)`, which the simulator
     adds to each expansion itself; omit it when the profile has none). Policies `HOST_CAL`, rank
     paths drawn with seed + 1 (not the paths a validation replays), random prompts. loop: the
-    decoding loop calibrated; the device loop's forwards run inside its own graphs at fixed row
-    counts, so their device time is the runners' `replay_ms` at those rows (`loop_forward_ms`),
-    and its tree work on the device counts as host work here, as the simulator has no other term
-    for it (CPU: the forwards are not timed apart from the loop's tree work, all of it counts as
-    forwards).
+    decoding loop calibrated; for the device loop host = wall time - the device time of its graph
+    replays (`GenerateResult.loop_device_ms`, tree work included), the quantity a validation
+    measures as its host time: what the host adds between the loop's graphs. The stand-ins'
+    forwards replayed apart (`replay_ms`) are slower than inside the loop's graphs, so subtracting
+    them left nothing (CPU: the forwards are not timed apart from the loop's tree work, all of it
+    counts as forwards).
 
     Returns (rows with the Profile.compute columns, {"base": {mode: ms}, "per_forward": ms,
     "per_token": ms, "per_node": ms, "samples": n, "stand_in": {...}}).
@@ -265,11 +265,11 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
                     torch.cuda.synchronize()
                 skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * (2 if spec else 1)
                 fwd = clock.take(skip)
-                if loop == "device":
-                    fwd = loop_forward_ms(res, cfg, fixed[id(t_runner)], fixed[id(d_runner)], shared)
+                growth = sum(tree_growth_ms(t) for r in res.records for t in r.forward_tokens) if tree_growth_ms else 0.0
+                if loop == "device":  # its graphs' device time, tree work included: what `_measure` subtracts
+                    fwd, growth = res.loop_device_ms(), 0.0
                 if rep == 0:
                     continue
-                growth = sum(tree_growth_ms(t) for r in res.records for t in r.forward_tokens) if tree_growth_ms else 0.0
                 host = res.decode_s * 1e3 - fwd - growth
                 onehot = [float(res.iterations if m is mode else 0) for m in mode_list]
                 X.append([*onehot, sum(len(r.forward_tokens) for r in res.records),
@@ -279,27 +279,11 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
     base = {m.value: float(c) for m, c in zip(mode_list, coef)}
     per_forward, per_token, per_node = (float(c) for c in coef[len(mode_list):])
     stand_in = {"target_layers": tmodel.spec.num_layers, "draft_layers": dmodel.spec.num_layers,
-                "vocab": tmodel.spec.vocab, "device_time": "replay_ms" if fixed[id(t_runner)] else "perf_counter",
+                "vocab": tmodel.spec.vocab, "device_time": ("loop graphs" if loop == "device" else "replay_ms") if fixed[id(t_runner)] else "perf_counter",
                 "tree_growth_subtracted": tree_growth_ms is not None}
     fit = {"base": base, "per_forward": per_forward, "per_token": per_token, "per_node": per_node,
            "samples": len(y), "stand_in": stand_in}
     return host_rows_from_fit(fit), fit
-
-
-def loop_forward_ms(res, cfg: GenerateConfig, target_ms: dict[int, float] | None, draft_ms: dict[int, float] | None,
-                    vocab: int) -> float:
-    """Device ms of the forwards of a device-loop decode `res`: per iteration one target forward of
-    bs rows and the draft forwards of its round (`LoopPlan`: rows, plus the pending row of the
-    first), each at the replay time of the bucket holding its rows (`replay_ms` tables; None on
-    CPU: the records' phase times, all of them)."""
-    if target_ms is None:
-        return float(sum(r.draft_ms + r.verify_ms for r in res.records))
-    at = lambda table, rows: table[min(b for b in table if b >= rows)]  # noqa: E731
-    per = at(target_ms, cfg.policy.bs)
-    if cfg.mode is not Mode.autoregressive:
-        plan = LoopPlan.build(cfg.policy, vocab)
-        per += sum(at(draft_ms, x.rows + x.pending) for x in plan.expansions)
-    return per * res.iterations
 
 
 def host_rows_from_fit(fit: dict) -> pd.DataFrame:
@@ -896,7 +880,7 @@ def _measure(c: Config, runner, ids: list[list[int]], paths: list[list[int]], lo
         skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * len(rs)
         fwd = clock.take(skip)
         if loop == "device":
-            fwd = res.device_ms if res.device_ms is not None else sum(r.draft_ms + r.verify_ms for r in res.records)
+            fwd = res.loop_device_ms()
         return res, fwd
 
     if warm:  # the device loop is captured per max_new_tokens: warm it at the measured one

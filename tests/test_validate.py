@@ -100,28 +100,18 @@ def test_device_loop_sweep_measures_the_same_acceptance(make_checkpoint, tmp_pat
     assert (rows["measured_forward_ms"] > 0).all()
 
 
-def test_device_loop_forwards_are_timed_at_their_padded_rows():
-    """`loop_forward_ms`: per iteration one target forward of bs rows and the draft round of the
-    device loop's plan (a fresh tree's root plus the pending row, then w rows per expansion), each
-    at the replay time of the bucket that holds it."""
-    from types import SimpleNamespace
+def test_device_loop_time_is_its_graphs_on_cuda_and_its_phases_elsewhere():
+    """`GenerateResult.loop_device_ms`, what validate and the profiler subtract from a device-loop
+    decode's wall time: the graphs' device time where they replayed, else the phases' wall time."""
+    from swiftspec.runtime.generate import GenerateResult, IterationRecord
 
-    from swiftspec.runtime.generate import GenerateConfig
-    from swiftspec.spec import TreePolicy
-    from swiftspec.validate import loop_forward_ms
-
-    table = {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}
-    res = SimpleNamespace(iterations=5, records=[])
-    serial = GenerateConfig(Mode.serial, TreePolicy(bs=8, w=4, d=3), 32, loop="device")
-    # target 8 rows -> 8; draft: root + pending = 2 rows -> 2, then 4 rows twice -> 4 + 4
-    assert loop_forward_ms(res, serial, table, table, vocab=256) == 5 * (8 + 2 + 4 + 4)
-    chain = GenerateConfig(Mode.chain, TreePolicy.chain(3), 32, loop="device")  # bs 4; draft rows 2, 1, 1
-    assert loop_forward_ms(res, chain, table, table, vocab=256) == 5 * (4 + 2 + 1 + 1)
-    ar = GenerateConfig(Mode.autoregressive, TreePolicy.autoregressive(), 32, loop="device")
-    assert loop_forward_ms(res, ar, table, None, vocab=256) == 5 * 1
-    cpu = SimpleNamespace(iterations=2, records=[SimpleNamespace(draft_ms=1.5, verify_ms=2.0)] * 2)
-    assert loop_forward_ms(cpu, serial, None, None, vocab=256) == 7.0  # CPU: the phases' wall time
-
+    recs = [IterationRecord(accepted=2, verified=4, tree_nodes=4, draft_forwards=2, draft_tokens=5,
+                            draft_ms=1.5, verify_ms=2.0, commit_ms=0.25)] * 2
+    res = GenerateResult(tokens=[1, 2, 3, 4], text=None, tokens_per_s=1.0, mean_accepted=2.0, iterations=2,
+                         weights="random", mode="serial", policy="bs4-w2-d2", prompt_len=3, prefill_ms=0.0,
+                         decode_s=0.01, stop="max_new_tokens", records=recs, loop="device")
+    assert res.loop_device_ms() == 7.0  # CPU: draft + verify phases, commit is host work
+    assert replace(res, device_ms=5.5).loop_device_ms() == 5.5
 
 def test_passes_give_the_median_of_each_configuration(make_checkpoint, tmp_path, monkeypatch):
     """passes=3: every configuration runs once per pass; its measured numbers are the medians over
@@ -315,6 +305,22 @@ def test_replay_ms_times_every_graph_bucket():
     clock = ForwardClock([runner], fixed_ms={id(runner): table})
     runner.prefill([1, 2, 3])  # 3 tokens: bucket 4
     assert clock.take() == pytest.approx(table[4])
+
+
+@pytest.mark.gpu
+def test_device_loop_host_calibration_is_what_the_host_adds():
+    """On CUDA the device loop's calibrated host work per iteration is the time between its graphs:
+    above zero (launches, the token copy) and far below an iteration of the stand-in."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from swiftspec.validate import calibrate_host
+
+    _, fit = calibrate_host("cuda", default_acceptance(), prompts=1, new_tokens=24, loop="device")
+    assert fit["stand_in"]["device_time"] == "loop graphs"
+    per = fit["per_forward"] + fit["per_token"] + fit["per_node"]  # an expansion of 1 token, a 1-node verify
+    assert all(0.0 < base + per < 1.0 for base in fit["base"].values()), fit
 
 
 def test_summary_splits_the_error_into_forwards_and_host():

@@ -447,8 +447,7 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
             skip = math.ceil((len(ids) - 1) / PREFILL_CHUNK)  # prefill forwards come first
             fwd = sum(clock.take(skip) for clock in clocks)
             if loop == "device":  # its forwards run inside its own graphs (CPU: its phases)
-                fwd = res.device_ms if res.device_ms is not None else sum(r.draft_ms + r.verify_ms
-                                                                           for r in res.records)
+                fwd = res.loop_device_ms()
             if rep > 0:  # the first decode warms up: graph captures (the device loop's too), allocations
                 per_decode.append((res.decode_s * 1e3 - fwd) / res.iterations)
         rows.append({"op": "host", "model": mode.value, "tp": 1, "tokens": 0, "kv_len": 0, **summarize(per_decode)})

@@ -113,6 +113,13 @@ class GenerateResult:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def loop_device_ms(self) -> float:
+        """ms of the device loop's work in this decode: the device time of its graph replays on CUDA,
+        its phases' wall time elsewhere (the eager loop's tree work runs inside those phases)."""
+        if self.device_ms is not None:
+            return self.device_ms
+        return float(sum(r.draft_ms + r.verify_ms for r in self.records))
+
     def records_frame(self) -> pd.DataFrame:
         """Per-iteration table: one row per IterationRecord."""
         return pd.DataFrame([dataclasses.asdict(r) for r in self.records])
