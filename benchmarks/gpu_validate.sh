@@ -17,8 +17,13 @@
 # tokens at 100-400 tok/s; a 16-token warm-up in the first pass) ~ 4 minutes; BUDGET (420 s) cuts it
 # short. Each configuration's measured numbers are the medians over the passes (`--passes`).
 #
+# LOOP=device: first profile the three validation models at TP 1 with the device loop
+# (`gpu_profile.sh` with EXTRA="--tp 1 --loop device", PBUDGET s, ~2 minutes; WEIGHT_FORMAT passes
+# through), then validate from that profile, which runs that loop; PROFILE is then not read.
+#
 # Writes $OUT/validation/{report.csv, report.json, host.csv} and $OUT/validation.log (per-config
-# predictions and measurements as they happen, so a cut-short run still tells what it saw).
+# predictions and measurements as they happen, so a cut-short run still tells what it saw); with
+# LOOP, also $OUT/profile.tgz (the profile folder) and $OUT/profile.log.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -28,6 +33,15 @@ PROFILE=${PROFILE:-swiftspec/data/profiles/h200-measured}
 BUDGET=${BUDGET:-420}
 PASSES=${PASSES:-3}
 mkdir -p "$OUT/validation"
+LOOP=${LOOP:-}
+if [ -n "$LOOP" ]; then
+  rm -rf /tmp/loop-profile  # this script's scratch folder: a fresh profile, not a resumed one
+  OUT=/tmp/loop-profile BUDGET="${PBUDGET:-130}" MODELS=Llama-3-8B,Llama-3.2-3B,Llama-3.2-1B \
+      EXTRA="--tp 1 --loop $LOOP" bash benchmarks/gpu_profile.sh > "$OUT/profile.log" 2>&1
+  tail -12 "$OUT/profile.log"
+  PROFILE=/tmp/loop-profile/h200-profile
+  tar -czf "$OUT/profile.tgz" -C /tmp/loop-profile h200-profile
+fi
 if [ ! -f "$PROFILE/compute.csv" ]; then
   echo "error: $PROFILE/compute.csv not found: install the measured H200 profile first" | tee "$OUT/validation.log"
   exit 2
