@@ -520,8 +520,8 @@ class GemvLaunch:
     instead of in every program at every K step: the same result bit for bit, meant for many rows,
     where the x tile outgrows the weight tile (not measured, so off by default). int4_x_ahead (int4
     weights): gather the next tile's x while this tile's MMA runs, so the gather's L2 latency is
-    not paid once per tile; None: on at <= 16 rows (one 16-row MMA tile; measured faster on the
-    H100, docs/decisions.md), off above."""
+    not paid once per tile; None: `int4_x_ahead_on` (on up to 64 rows, measured faster on the
+    H100, docs/decisions.md)."""
 
     block_n: int | None = None
     block_k: int | None = None
