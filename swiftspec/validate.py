@@ -265,9 +265,10 @@ def calibrate_host(device: str, acceptance, prompts: int = 2, new_tokens: int = 
                     torch.cuda.synchronize()
                 skip = math.ceil((len(ids[pi]) - 1) / PREFILL_CHUNK) * (2 if spec else 1)
                 fwd = clock.take(skip)
-                growth = sum(tree_growth_ms(t) for r in res.records for t in r.forward_tokens) if tree_growth_ms else 0.0
                 if loop == "device":  # its graphs' device time, tree work included: what `_measure` subtracts
                     fwd, growth = res.loop_device_ms(), 0.0
+                else:
+                    growth = sum(tree_growth_ms(t) for r in res.records for t in r.forward_tokens) if tree_growth_ms else 0.0
                 if rep == 0:
                     continue
                 host = res.decode_s * 1e3 - fwd - growth

@@ -596,8 +596,8 @@ def dot_config(m: int, n: int, k: int, w_bytes: float, x_bytes: int, *, fp8: boo
 def int4_x_ahead_on(launch: GemvLaunch, block_m: int) -> bool:
     """Whether an int4 launch of block_m padded token rows gathers x a tile ahead: the launch's
     choice, else on up to 64 rows (one layer's 8B linears on the H100: 0.91-0.93 of the gather at
-    the top of each tile at 1-16 rows, 0.84 at 32, 0.88 at 64) and off above (1.18 at 128 and 256:
-    the larger x tile held across the iteration costs more than the wait it hides)."""
+    the top of each tile at 1-16 rows, 0.86 at 32, 0.88 at 64) and off above (1.16 at 128: the
+    larger x tile held across the iteration costs more than the wait it hides)."""
     return block_m <= 64 if launch.int4_x_ahead is None else launch.int4_x_ahead
 
 
