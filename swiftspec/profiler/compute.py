@@ -414,8 +414,9 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     events around each graph replay on CUDA, perf_counter around each eager forward on CPU) /
     iterations; the row is the median over `prompts` decodes, after one warm-up decode on the same
     runners (graph captures, the device loop's included, and first allocations are not host work of
-    an iteration). The device time of log-softmax/top-w and of `KVCache.move` stays in host (launch-bound at this size, a few µs); the profile's
-    `tree_growth` and `kv_compact` rows hold their device time at real shapes. `async` needs the
+    an iteration). The device time of log-softmax/top-w and of `KVCache.move` stays in host
+    (launch-bound at this size, a few µs); the profile's `tree_growth` and `kv_compact` rows hold
+    their device time at real shapes. `async` needs the
     multi-process runtime and is not measured here. loop: the decoding loop measured
     (`GenerateConfig.loop`); for the device loop the subtracted device time is its graphs' (tree
     kernels included), so the rows hold what the host adds.
