@@ -416,10 +416,10 @@ def measure_host(device: str, modes: Iterable[Mode] = HOST_MODES, prompts: int =
     runners (graph captures, the device loop's included, and first allocations are not host work of
     an iteration). The device time of log-softmax/top-w and of `KVCache.move` stays in host
     (launch-bound at this size, a few µs); the profile's `tree_growth` and `kv_compact` rows hold
-    their device time at real shapes. `async` needs the
-    multi-process runtime and is not measured here. loop: the decoding loop measured
-    (`GenerateConfig.loop`); for the device loop the subtracted device time is its graphs' (tree
-    kernels included), so the rows hold what the host adds.
+    their device time at real shapes. `async` needs the multi-process runtime and is not measured
+    here. loop: the decoding loop measured (`GenerateConfig.loop`); for the device loop the
+    subtracted device time is its graphs' (tree kernels included), so the rows hold what the host
+    adds.
     """
     folder = _tiny_config_dir()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
