@@ -9,7 +9,7 @@ no mask, vs the bytes floor (K + V of the live keys + q + out, over the device-t
 bandwidth measured in the same run). The tree region holds the T queries (a random tree, ancestor
 mask); prefix = kv − T. Each shape runs two variants of ours, num_splits from the fitted
 `SplitCostModel` of the combine mode: combine "separate" (a second, row-parallel combine launch;
-the default) or "kernel" (one launch, the last split merges, with a shared TreeAttentionWorkspace
+the default) or "kernel" (one launch, the last split merges, with a shared CounterWorkspace
 as the model would use). impl "triton" is the default and is what the goal table judges. Then a
 num_splits sweep (both combine modes) on a few shapes, a num_stages sweep, and kv_move on a
 Llama-3-8B-shaped cache (32 layers, 8 KV heads, D 128) moving 8 tokens, and tree growth
@@ -49,13 +49,13 @@ from bench_step import copy_bandwidth as eager_copy_bandwidth  # sibling script 
 from tqdm import tqdm
 
 from swiftspec.files import atomic_write_text, run_metadata
+from swiftspec.kernels.counters import CounterWorkspace
 from swiftspec.kernels.kv_move import kv_move, kv_move_ref
 from swiftspec.kernels.pdl import pdl_available
 from swiftspec.kernels.topk import logsoftmax_topk, logsoftmax_topk_packed, logsoftmax_topk_ref, unpack_topk
 from swiftspec.kernels.tree_attention import (
     SPLIT_COST,
     TreeAttentionLaunch,
-    TreeAttentionWorkspace,
     ancestor_mask,
     choose_config,
     pack_tree_mask,
@@ -179,7 +179,7 @@ def bench_attention(kv, t, hq, hkv, d, dtype, device, bw, gen, splits_sweep=(), 
     a = AttentionInputs.make(kv, t, hq, hkv, d, dtype, device, gen)
     elem, set_bytes, n_sets, prefix, scale = a.elem, a.set_bytes, a.n_sets, a.prefix, a.scale
     q, k, v, mask, pl, packed, outs = a.q, a.k, a.v, a.mask, a.pl, a.packed, a.outs
-    ws = TreeAttentionWorkspace(device)  # one per stream of calls, as the model would hold it
+    ws = CounterWorkspace(device)  # one per stream of calls, as the model would hold it
     rows = []
     base = {"kv": kv, "queries": t, "heads": f"{hq}/{hkv}", "head_dim": d, "dtype": str(dtype).split(".")[-1],
             "buffer_sets": n_sets}

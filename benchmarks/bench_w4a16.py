@@ -13,7 +13,9 @@ default picks by rows: `gemv.int4_x_ahead_on`) and, unless --quick, the variants
 (two groups a tile, so every slice is dequantized instead of the group's scale applied once,
 `bk256`), K split 1 / 2 / 4 / 8 / 16 ways (`k1`...; 128 weight rows over 8 warps), 64 weight rows
 over 4 warps a program (`bn64`, split as the default, or `bn64_k1`...) and 128 rows over 8 warps
-with x ahead (`bn128_ahead`). floor_us = the variant's weight bytes (int4: packed ints + fp16 scales
+with x ahead (`bn128_ahead`). Each format's default also runs with its split-K partials summed
+inside the launch (`*_combine`: `GemvLaunch(combine="kernel")`, where the default splits K; one
+workspace for every call). floor_us = the variant's weight bytes (int4: packed ints + fp16 scales
 + zeros) / the device-to-device copy bandwidth measured in the same run. Every variant is checked
 against float32 products of the weights it stands for (rel_err).
 Writes DIR/bench_w4a16.csv and DIR/bench_w4a16.json (run_metadata, copy bandwidth, rows).
@@ -35,6 +37,7 @@ from bench_kernels import time_calls  # noqa: E402
 from bench_step import copy_bandwidth  # noqa: E402
 
 from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
+from swiftspec.kernels.counters import CounterWorkspace  # noqa: E402
 from swiftspec.kernels.gemv import GemvLaunch, gemv, quantize_fp8  # noqa: E402
 from swiftspec.kernels.int4 import dequantize, quantize_int4  # noqa: E402
 
@@ -58,13 +61,18 @@ def _cases(x, ws: list, w8s: list, w4s: list, refs: tuple, quick: bool) -> dict:
     """variant -> (weight format, calls over the weight copies, one call, float32 reference)."""
     ref16, ref8, ref4 = refs
     w, (w8, s8), w4 = ws[0], w8s[0], w4s[0]
+    kc = GemvLaunch(combine="kernel", workspace=CounterWorkspace(x.device))  # one workspace, as a model holds it
     cases = {
         "bf16_default": ("bf16", [lambda t=t: gemv(x, t) for t in ws], lambda: gemv(x, w), ref16),
+        "bf16_combine": ("bf16", [lambda t=t: gemv(x, t, launch=kc) for t in ws], lambda: gemv(x, w, launch=kc), ref16),
         "bf16_cublas": ("bf16", [lambda t=t: F.linear(x, t) for t in ws], lambda: F.linear(x, w), ref16),
         "fp8_default": ("fp8", [lambda t=t: gemv(x, t[0], scale=t[1]) for t in w8s], lambda: gemv(x, w8, scale=s8),
                         ref8),
+        "fp8_combine": ("fp8", [lambda t=t: gemv(x, t[0], scale=t[1], launch=kc) for t in w8s],
+                        lambda: gemv(x, w8, scale=s8, launch=kc), ref8),
     }
-    for v, lc in _variants(quick).items():
+    variants = {**_variants(quick), "int4_combine": kc}
+    for v, lc in variants.items():
         cases[v] = ("int4", [lambda t=t, lc=lc: gemv(x, t, launch=lc) for t in w4s], lambda lc=lc: gemv(x, w4, launch=lc),
                     ref4)
     return cases

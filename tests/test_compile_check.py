@@ -111,6 +111,22 @@ def test_int4_launches_fit_sm90_without_spills():
     assert compile_check.gemv_reports([(big, False, "")], int4_group=128)[0].spill_bytes > 0
 
 
+def test_split_k_combined_in_the_launch_fits_sm90():
+    """The split-K sum inside the launch (`GemvLaunch.combine` "kernel") adds an epilogue, not a
+    loop: split launches of each weight format (70B TP-8 qkv with the folded norm and rope, the 8B's
+    down in fp8, int4 with rope) compile for sm_90 within the same shared memory as the separate
+    sum and without spills."""
+    from swiftspec.kernels.gemv import dot_config
+
+    cases = [((dot_config(1, 1280, 8192, 2, 2, residual=True, norm=True), True, "rope"), 0),
+             ((dot_config(16, 4096, 14336, 1, 2, fp8=True), False, ""), 0),
+             ((dot_config(1, 1280, 8192, 0.5, 2, int4=True), False, "rope"), 128)]
+    for item, group in cases:
+        assert item[0].split_k > 1
+        kernel, separate = (compile_check.gemv_reports([item], int4_group=group, combine=c)[0] for c in (True, False))
+        assert kernel.fits and kernel.spill_bytes == 0 and kernel.shared_bytes == separate.shared_bytes, (item, kernel)
+
+
 def test_prefetch_mode_asks_the_l2_for_each_line_before_the_wait():
     """PDL "prefetch" (constexpr 4) compiles for sm_90 with one `prefetch.global.L2` per line a
     thread asks for, all before the grid's wait, and the other modes with none."""

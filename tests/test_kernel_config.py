@@ -86,6 +86,7 @@ def test_resolve_gives_the_kernels_of_before(row):
     ({"tree_growth": "cub"}, "tree_growth must be one of torch, triton, graph"),
     ({"weight_format": "int3"}, "weight_format must be one of native, fp8, int4"),
     ({"attention_combine": "atomic"}, "attention_combine must be one of separate, kernel"),
+    ({"linear_combine": "atomic"}, "linear_combine must be one of separate, kernel"),
     ({"fold_norm": True, "linear": "torch"}, "fold_norm needs linear 'triton'"),
     ({"swiglu": True, "rope": True, "linear": "torch"}, "swiglu, rope need linear 'triton'"),
     ({"fold_norm": True, "weight_format": "fp8"}, "fold_norm needs native weights"),
@@ -108,9 +109,10 @@ def test_explicit_choices_override_the_rules():
 def test_settings_as_a_profile_records_them():
     s = KernelConfig.resolve("cuda", capability=(9, 0)).settings()
     assert s == {"attention": "triton", "attention_combine": "separate", "attention_ws": "on", "fold_norm": "on",
-                 "fusion": "triton", "linear": "triton", "pdl": "late", "rope": "on", "swiglu": "on",
-                 "tree_growth": "triton", "weight_format": "native"}
-    assert KernelConfig.resolve("cpu").settings()["attention_combine"] == "-"  # no split merge without triton
+                 "fusion": "triton", "linear": "triton", "linear_combine": "separate", "pdl": "late", "rope": "on",
+                 "swiglu": "on", "tree_growth": "triton", "weight_format": "native"}
+    cpu = KernelConfig.resolve("cpu").settings()
+    assert cpu["attention_combine"] == cpu["linear_combine"] == "-"  # no split merge without triton
     assert KernelConfig(pdl="early").settings()["pdl"] == "early"
     assert profile_settings("cuda", capability=(9, 0)) == {**s, "fold_norm": "tp1"}  # a profile spans TP degrees
     assert profile_settings("cuda", "fp8", capability=(9, 0))["fold_norm"] == "off"

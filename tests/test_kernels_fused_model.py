@@ -173,10 +173,14 @@ def test_gemm_epilogues_match_off(make_checkpoint, name, fold, swiglu, rope):
 
 
 @cpu_interpreted
-def test_split_k_epilogues_match_off(make_checkpoint, monkeypatch):
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_split_k_epilogues_match_off(make_checkpoint, monkeypatch):  # (the warnings: the early-finishing splits)
     """Every skinny linear of the <= 16-token steps split in 2 along K (the rule a TP shard's narrow
     qkv GEMM takes, forced on the tiny model): the folded norm (1 / rms and the qkv bias applied in
-    the split-sum launch), swiglu and rope still give the eager model's logits and cache to 1e-5."""
+    the split-sum launch), swiglu and rope still give the eager model's logits and cache to 1e-5.
+    With linear_combine "kernel" (the sums inside the linears' launches, counted in the model's
+    workspace) the logits and cache are those of the split-sum launches bit for bit, and the
+    counters are zero after."""
     from swiftspec.kernels import gemv as gemv_mod
 
     path = make_checkpoint("qwen2", hidden_size=384, intermediate_size=512)  # K > one 256-wide step
@@ -184,11 +188,18 @@ def test_split_k_epilogues_match_off(make_checkpoint, monkeypatch):
     monkeypatch.setattr(gemv_mod, "SPLIT_RULES", ((10**6, 1, 2),))
     spec = load_model(path).spec
     assert gemv_mod.dot_config(9, spec.hidden, spec.hidden, 4, 4, residual=True, norm=True).split_k == 2
-    model = load_model(path, kernels=dataclasses.replace(TRITON, fold_norm=True, swiglu=True, rope=True))
+    kernels = dataclasses.replace(TRITON, fold_norm=True, swiglu=True, rope=True)
+    model = load_model(path, kernels=kernels)
     got, got_cache = steps(model, 11)
     for g, r in zip(got, ref):
         assert rel_err(g, r) <= 1e-5
     assert rel_err(got_cache.kv, ref_cache.kv) <= 1e-5
+    combined = model.with_kernels(dataclasses.replace(kernels, linear_combine="kernel"))
+    got_k, got_k_cache = steps(combined, 11)
+    assert all(torch.equal(a, b) for a, b in zip(got_k, got)) and torch.equal(got_k_cache.kv, got_cache.kv)
+    assert int(combined._workspace.counters.abs().sum()) == 0
+    combined._workspace.counters.fill_(1)  # counts the model's linears read: a split then finishes too early
+    assert not torch.equal(steps(combined, 11)[0][1], got[1])
 
 
 @cpu_interpreted

@@ -336,6 +336,60 @@ def test_gemv_split_k_matches_reference(m, n, k, split_k, fp8):
         assert torch.equal(got, gemv(x, w, b, scale=scale, launch=launch))
 
 
+def _combine_case(variant: str, dtype, gen, workspace):
+    """One split-K call of `variant` as {combine: (outputs)} for combine "separate" and "kernel"
+    (the latter through `workspace`): the result and everything else the call writes."""
+    from swiftspec.kernels.gemv import RopeKV
+    from swiftspec.kernels.int4 import quantize_int4
+
+    m, hq, hkv, d, k = 3, 3, 1, 16, 640  # 80 weight rows: two column blocks of 64 (pairs: of 32)
+    n = (hq + 2 * hkv) * d
+    x, w, kw, epi = _epilogue_case(m, n, k, 3, "rms" if variant == "rms" else "fp8" if variant == "fp8" else "plain",
+                                   gen, dtype)
+    kw["launch"] = GemvLaunch(split_k=3, block_k=64)
+    b = _rand((n,), gen, dtype) if variant in ("bias", "rms", "rope") else None
+    if variant == "int4":
+        w, kw["launch"] = quantize_int4(w.float(), 128), GemvLaunch(split_k=3)
+    ang = torch.randn(m, d // 2, generator=gen) * 3
+    cos, sin = (torch.cat([f(ang)] * 2, 1).to(dtype).to(DEVICE) for f in (torch.cos, torch.sin))
+    runs = {}
+    for combine in ("separate", "kernel"):
+        e, outs = epi, []
+        if variant == "rms":
+            e = dataclasses.replace(epi, residual_out=torch.empty_like(x))
+            outs.append(e.residual_out)
+        if variant == "swiglu":
+            e = dataclasses.replace(epi, act="swiglu")
+        if variant == "rope":
+            caches = [torch.zeros((hkv, 2 * m, d), dtype=dtype, device=DEVICE) for _ in range(2)]
+            e = dataclasses.replace(epi, rope=RopeKV(cos, sin, torch.arange(m, device=DEVICE) * 2, *caches, hq, hkv))
+            outs += caches
+        launch = dataclasses.replace(kw["launch"], combine=combine, workspace=workspace)
+        runs[combine] = (gemv(x, w, None if variant == "swiglu" else b, epilogue=e,
+                              **{**kw, "launch": launch}), *outs)
+    return runs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["plain", "bias", "fp8", "rms", "swiglu", "rope", "int4"])
+def test_split_k_combined_in_the_launch_equals_the_sum_launch(dtype, variant):
+    """combine "kernel" (the last split of each column block sums the partials) gives what the
+    split-sum launch gives, bit for bit: the result and everything else the call writes (h with the
+    folded norm, the caches with RoPE), with a bias, fp8 and int4 weights and each epilogue. The
+    workspace starts smaller than the grid (it grows) and is all zeros after every call, so the
+    next call, or graph replay, finds its counters zero. (The interpreter runs the programs in
+    order; `test_gpu_split_k_combined_in_the_launch_under_concurrency` checks the ordering.)"""
+    from swiftspec.kernels.counters import CounterWorkspace
+
+    if variant == "int4" and dtype == torch.float32 and INTERPRET:
+        dtype = torch.bfloat16  # the int4 tile's exact-integer path (float32 x dequantizes per slice)
+    ws = CounterWorkspace(DEVICE, capacity=1)
+    runs = _combine_case(variant, dtype, torch.Generator().manual_seed(len(variant)), ws)
+    for sep, ker in zip(runs["separate"], runs["kernel"]):
+        assert torch.equal(sep, ker)
+    assert ws.counters.numel() >= 2 and int(ws.counters.abs().sum()) == 0
+
+
 def test_native_split_k_rule_and_default_launch():
     """Native weights split K at <= 16 rows only with too few column blocks for a long K
     (`SPLIT_RULES`), with or without the folded norm; such a default launch equals the reference and
@@ -429,3 +483,45 @@ def test_gpu_fp8_8b_shapes_in_cuda_graph(m):
     torch.cuda.synchronize()
     ref = F.linear(x.float(), w8.float() * scale[:, None])
     assert float((y.float() - ref).abs().max() / ref.abs().max()) <= 1.6e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "int4"])
+def test_gpu_split_k_combined_in_the_launch_under_concurrency(fmt):
+    """On the GPU the splits finish in any order: combine "kernel" at Llama-3-8B's o and down shapes
+    (4096 outputs: 64 column blocks, K split 4-8) equals the split-sum launch bit for bit over 200
+    replays of a CUDA graph of 8 calls sharing one workspace, new inputs each replay, and leaves
+    the counters zero."""
+    from swiftspec.kernels.counters import CounterWorkspace
+    from swiftspec.kernels.int4 import quantize_int4
+
+    gen = torch.Generator().manual_seed(7)
+    ws = CounterWorkspace("cuda")
+    calls = []
+    for k in (4096, 14336):
+        w = _rand((4096, k), gen, torch.float32)
+        kw = ({"scale": None} if fmt == "bf16" else {})
+        if fmt == "bf16":
+            w = w.bfloat16().cuda()
+        elif fmt == "fp8":
+            w, kw["scale"] = (t.cuda() for t in quantize_fp8(w))
+        else:
+            w = quantize_int4(w.cuda(), 128)
+        split = 8 if k > 4096 else 4
+        x = _rand((1, k), gen, torch.bfloat16)
+        for combine in ("separate", "kernel"):
+            calls.append((x, w, kw, GemvLaunch(split_k=split, combine=combine, workspace=ws)))
+    for x, w, kw, launch in calls:  # compile outside capture
+        gemv(x, w, launch=launch, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = [gemv(x, w, launch=launch, **kw) for _ in range(2) for x, w, kw, launch in calls]
+    for _ in range(200):
+        for x, *_ in calls[::2]:
+            x.copy_(torch.randn(x.shape, device="cuda").bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        for sep, ker in zip(ys[0::2], ys[1::2]):
+            assert torch.equal(sep, ker)
+    assert int(ws.counters.abs().sum()) == 0

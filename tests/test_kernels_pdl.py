@@ -123,7 +123,8 @@ def _layer_chain(p: dict, x: torch.Tensor, res: torch.Tensor, pdl: bool | str) -
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_HOPPER, reason="needs a CUDA GPU of compute capability >= 9.0")
 def test_gpu_pdl_chain_bit_identical_in_cuda_graph():
-    from swiftspec.kernels.tree_attention import TreeAttentionWorkspace, ancestor_mask
+    from swiftspec.kernels.counters import CounterWorkspace
+    from swiftspec.kernels.tree_attention import ancestor_mask
 
     dev, dt, t, hid, hq, hkv, d, ffn, max_len = "cuda", torch.bfloat16, 8, 1024, 8, 2, 128, 2048, 1024
     g = torch.Generator(device=dev).manual_seed(0)
@@ -139,7 +140,7 @@ def test_gpu_pdl_chain_bit_identical_in_cuda_graph():
                 "kc": rnd(hkv, max_len, d), "vc": rnd(hkv, max_len, d), "hq": hq, "hkv": hkv,
                 "prefix": torch.tensor(700, device=dev), "slots": 700 + torch.arange(t, device=dev),
                 "mask": ancestor_mask(parents), "move_src": torch.tensor([700, 701, 704, 707], device=dev),
-                "ws": TreeAttentionWorkspace(dev)}  # fmt: skip
+                "ws": CounterWorkspace(dev)}  # fmt: skip
 
     modes = (False, True, "late", "early-nopeel", "prefetch")
     runs = {}  # equal weights and caches for every variant: the same seed for each

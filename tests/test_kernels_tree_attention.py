@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import torch
 
+from swiftspec.kernels.counters import CounterWorkspace
 from swiftspec.kernels.tree_attention import (
     KERNEL_COST,
     SEPARATE_COST,
     TreeAttentionLaunch,
-    TreeAttentionWorkspace,
     ancestor_mask,
     choose_config,
     pack_tree_mask,
@@ -244,7 +244,7 @@ def test_in_kernel_combine_matches_reference_and_separate(case):
     t, hq, hkv, d, max_len, prefix, n, splits, bn = case
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     mask = tree_case("padded", t, n, gen) if n > t else tree_case("verify", t, t, gen)
-    ws = TreeAttentionWorkspace(DEVICE, capacity=8)
+    ws = CounterWorkspace(DEVICE, capacity=8)
     out_k, ref = run_case(t, hq, hkv, d, max_len, prefix, mask, dtype, splits, gen, block_n=bn, workspace=ws)
     assert int(ws.counters.abs().sum()) == 0, "counters not reset"
     q, k, v = (torch.randn(s, generator=gen).to(dtype).to(DEVICE) for s in ((t, hq, d), (hkv, max_len, d), (hkv, max_len, d)))
@@ -261,7 +261,7 @@ def test_workspace_counters_reset_across_repeated_calls():
     every call leaves them at zero; a grid larger than the capacity grows the buffer."""
     gen = torch.Generator().manual_seed(21)
     d, max_len = 32, 512
-    ws = TreeAttentionWorkspace(DEVICE, capacity=2)
+    ws = CounterWorkspace(DEVICE, capacity=2)
     shapes = [(4, 4, 2), (9, 8, 2)]  # (T, Hq, Hkv): 1 and 3 row tiles of 16 per kv head
     bufs = []
     for t, hq, hkv in shapes:
@@ -530,7 +530,7 @@ def test_gpu_cuda_graph_replay_reads_prefix_from_device(combine, tma):
     pl = torch.tensor(100, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
     packed = pack_tree_mask(mask)
-    ws = TreeAttentionWorkspace("cuda")
+    ws = CounterWorkspace("cuda")
     kw = {"packed_mask": packed, "out": out, "workspace": ws, "combine": combine, "tma": tma}
     attend(q, k, v, pl, mask, d**-0.5, **kw)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
@@ -560,7 +560,7 @@ def test_gpu_in_kernel_combine_stress(splits):
     k = torch.randn((hkv, max_len, d), generator=gen).bfloat16().cuda()
     v = torch.randn((hkv, max_len, d), generator=gen).bfloat16().cuda()
     mask = tree_case("verify", t, t, gen).cuda()
-    ws = TreeAttentionWorkspace("cuda")
+    ws = CounterWorkspace("cuda")
     for prefix in (8000, 3000, 64, 0):
         ref = attend(q, k, v, prefix, mask, d**-0.5, num_splits=splits, combine="separate").float()
         for _ in range(50):

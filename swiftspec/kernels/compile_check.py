@@ -81,15 +81,17 @@ def tree_attention_reports(items: Sequence[tuple[TreeAttentionConfig, int, int]]
 
 
 def gemv_reports(items: Sequence[tuple[DotConfig, bool, str]], dtype: str = "bf16",
-                 capability: int = 90, int4_group: int = 0) -> list[CompileReport]:
+                 capability: int = 90, int4_group: int = 0, combine: bool = False) -> list[CompileReport]:
     """Compile the skinny linear's dot kernel once per (launch shape, rms, epilogue) (`gemv.dot_config`;
     rms: the RMSNorm kind with a residual, `gemv(rms_eps=, residual=)`; epilogue "", "swiglu"
     (`gemv(act="swiglu")`) or "rope" (`gemv(rope=...)`, head dim 128)) with weights and x in `dtype`;
-    int4_group > 0: int4 weights of that group size (`kernels.int4.Int4Weight`) and x in `dtype`."""
+    int4_group > 0: int4 weights of that group size (`kernels.int4.Int4Weight`) and x in `dtype`;
+    combine: split-K partials summed in the launch (`GemvLaunch.combine` "kernel")."""
     if not interpreting():
-        return [resources(compile_gemv(cfg, rms, epi, dtype, capability, int4_group)) for cfg, rms, epi in items]
+        return [resources(compile_gemv(cfg, rms, epi, dtype, capability, int4_group, combine=combine))
+                for cfg, rms, epi in items]
     return _in_child("gemv", [[dataclasses.asdict(c), r, e] for c, r, e in items], dtype, capability,
-                     int4_group=int4_group)
+                     int4_group=int4_group, combine=combine)
 
 
 def gemv_prefetch_facts(items: Sequence[tuple[DotConfig, str, int, int, int]], capability: int = 90) -> list[dict]:
@@ -158,9 +160,11 @@ def _ws_report(block_n: int, stages: int, head_dim: int, group: int, q_smem: boo
                            "cp.async.bulk.tensor" in ptx, "griddepcontrol.wait" in ptx)
 
 
-def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool = False, int4_group: int = 0) -> list:
+def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool = False, int4_group: int = 0,
+              combine: bool = False) -> list:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    job = {"kernel": kernel, "dtype": dtype, "capability": capability, "items": items, "int4_group": int4_group}
+    job = {"kernel": kernel, "dtype": dtype, "capability": capability, "items": items, "int4_group": int4_group,
+           "combine": combine}
     done = subprocess.run([sys.executable, "-m", "swiftspec.kernels.compile_check"], input=json.dumps(job), env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -172,20 +176,23 @@ def _in_child(kernel: str, items: list, dtype: str, capability: int, raw: bool =
 
 @functools.lru_cache(maxsize=256)
 def compile_gemv(cfg: DotConfig, rms: bool, epilogue: str, dtype: str = "bf16", capability: int = 90,
-                 int4_group: int = 0, int4_x_ahead: bool | None = None, pdl: int = 0, pf_lines: int = 0):
+                 int4_group: int = 0, int4_x_ahead: bool | None = None, pdl: int = 0, pf_lines: int = 0,
+                 combine: bool = False):
     """The skinny linear's dot kernel compiled for sm_<capability> (`gemv_reports`' arguments;
     int4_x_ahead: `GemvLaunch.int4_x_ahead`, None: what `gemv` picks for cfg.block_m; pdl:
-    `pdl.pdl_mode`'s constexpr, pf_lines: its `PF_LINES` under PDL "prefetch"), as Triton's
+    `pdl.pdl_mode`'s constexpr, pf_lines: its `PF_LINES` under PDL "prefetch"; combine: the split-K
+    sum in the launch, `GemvLaunch.combine` "kernel"), as Triton's
     CompiledKernel: `asm["cubin"]` holds the machine code. Not under TRITON_INTERPRET=1."""
     names = list(inspect.signature(_skinny_dot_kernel.fn).parameters)
-    pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC", "SZ", "ZP")
+    pointers = ("X", "W", "S", "B", "Y", "P", "SQ", "CNT", "RES", "NEW_RES", "COS", "SIN", "SLOTS", "KC", "VC", "SZ",
+                "ZP")
     ints = ("M", "N", "K", "stride_x", "stride_w", "stride_y", "stride_r", "stride_cos", "stride_kc_h", "stride_kc_s",
             "stride_vc_h", "stride_vc_s", "HQ", "HKV", "stride_s")
     constexprs = {"INT4": int4_group > 0, "GROUP": max(int4_group, 1), "EVEN_K": True, "PTX": int4_group > 0, "X_AHEAD": int4_group > 0 and int4_x_ahead_on(GemvLaunch(int4_x_ahead=int4_x_ahead), cfg.block_m), "HAS_BIAS": False, "HAS_SCALE": False,
                   "IEEE": dtype == "fp32", "UPCAST": False, "F16": False, "X_F16": False, "SPLIT_K": cfg.split_k, "RMS": rms, "HAS_RES": rms, "SWIGLU": epilogue == "swiglu",
                   "ROPE": epilogue == "rope", "HALF": 64, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                  "BLOCK_K": cfg.block_k, "PDL": pdl, "PF_LINES": pf_lines}
-    types = {"S": "*fp32", "P": "*fp32", "SQ": "*fp32", "SLOTS": "*i64"}
+                  "BLOCK_K": cfg.block_k, "PDL": pdl, "PF_LINES": pf_lines, "COMBINE": combine and cfg.split_k > 1}
+    types = {"S": "*fp32", "P": "*fp32", "SQ": "*fp32", "CNT": "*i32", "SLOTS": "*i64"}
     if int4_group:
         types.update(W="*i32", SZ="*fp16", ZP="*fp16")
     signature = {**{p: types.get(p, f"*{dtype}") for p in pointers},
@@ -245,7 +252,7 @@ if __name__ == "__main__":  # the child of the *_reports functions under TRITON_
         sys.exit(0)
     if job["kernel"] == "gemv":
         reports = gemv_reports([(DotConfig(**c), r, e) for c, r, e in job["items"]], job["dtype"], job["capability"],
-                               job.get("int4_group", 0))
+                               job.get("int4_group", 0), job.get("combine", False))
     else:
         reports = tree_attention_reports([(TreeAttentionConfig(**c), d, g) for c, d, g in job["items"]],
                                          job["dtype"], job["capability"])

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from swiftspec.kernels import interpreting
+from swiftspec.kernels.counters import CounterWorkspace, arrival_counters
 from swiftspec.kernels.int4 import Int4Weight, check_group, dequantize
 from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
 from swiftspec.kernels.rope_kv import _check as check_rope  # the shapes `rope_kv` takes
@@ -47,6 +48,7 @@ PREFETCH_BYTES = 16 << 20
 PREFETCH_ROW_LINES = 32
 INT4_TILE_ROWS = 128  # int4 rows per launch: a 256-row tile spills registers (sm_90)
 MAX_ROWS_INT4 = MAX_ROWS_DOT  # int4 weights: every forward up to a prefill chunk (no int4 GEMM in torch)
+COMBINES = ("separate", "kernel")  # how split-K partials are summed (`GemvLaunch.combine`)
 
 
 @triton.jit
@@ -73,7 +75,7 @@ def _gemv_kernel(X, W, B, Y, M, N, K, stride_x, stride_w, stride_y, HAS_BIAS: tl
 
 
 @triton.jit
-def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
+def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, CNT, RES, NEW_RES, eps, M, N, K, stride_x, stride_w, stride_y, stride_r,
                        COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV,
                        SZ, ZP, stride_s, INT4: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr,
                        X_AHEAD: tl.constexpr,
@@ -81,7 +83,7 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
                        F16: tl.constexpr, X_F16: tl.constexpr, SPLIT_K: tl.constexpr, RMS: tl.constexpr,
                        HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                       PF_LINES: tl.constexpr = 0):
+                       PF_LINES: tl.constexpr = 0, COMBINE: tl.constexpr = False):
     # y.T = w @ x.T: the weight rows fill the MMA's M side (>= 64 on Hopper), the few token rows
     # its N side (16), so tensor cores do the arithmetic and the loop is a pipelined weight stream.
     # SPLIT_K > 1: program (i, s) sums the s-th K slice into its own float32 partial in P
@@ -91,6 +93,12 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     # are summed on the side; program 0 stores h to NEW_RES. With SPLIT_K > 1 each split keeps its
     # partial unscaled and column block 0 stores the split's sum of squares in SQ (SPLIT_K, M): the
     # split-sum launch applies 1 / rms (and the bias) to the total.
+    # COMBINE (SPLIT_K > 1): no split-sum launch. Each program counts its partial in CNT (one int32
+    # per column block, zero between launches); the column block's last split to arrive adds the
+    # partials in split order, as the split-sum launch does, so the result is the same bit for bit
+    # whichever split arrives last, and sets the count back to zero. With RMS every program stores
+    # its split's sum of squares, SQ (SPLIT_K, column blocks, M), so the last one needs no other
+    # column block.
     # SWIGLU: W is a SwiGLU MLP's gate|up (N = 2F rows) and Y is (M, F): tile row 2i is gate row j,
     # row 2i + 1 up row j (j = the program's i-th output), so the epilogue holds both halves of its
     # outputs and applies silu(gate) * up; the K loop is the plain one.
@@ -180,6 +188,9 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
         acc += acc_r
         if SPLIT_K == 1:
             acc *= tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[None, :]
+        elif COMBINE:  # each column block's last split reads its own column block's squares
+            tl.store(SQ + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * M + rows, tl.sum(sq, axis=0),
+                     mask=ok_m)
         elif tl.program_id(0) == 0:  # every column block has the same squares: one stores them
             tl.store(SQ + tl.program_id(1) * M + rows, tl.sum(sq, axis=0), mask=ok_m)
     if HAS_SCALE:  # fp8 weights: one scale per weight row (output column), constant over K
@@ -187,7 +198,41 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
     if HAS_BIAS and not (RMS and SPLIT_K > 1):  # RMS with split K: the sum launch adds it after the scale
         if tl.program_id(1) == 0:  # the bias once, in the first K slice
             acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
-    if SPLIT_K == 1 and (SWIGLU or ROPE):
+    if SPLIT_K == 1:
+        _dot_out(acc, Y, rows, cols, ok_m, ok_n, N, stride_y, COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h,
+                 stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV, SWIGLU, ROPE, HALF, BLOCK_M, BLOCK_N)
+    else:
+        tile = rows[None, :] * N + cols[:, None]
+        ok = ok_n[:, None] & ok_m[None, :]
+        tl.store(P + tl.program_id(1) * M * N + tile, acc, mask=ok)
+        if COMBINE:
+            tl.debug_barrier()  # every thread's partial is stored before the count says so
+            arrived = tl.atomic_add(CNT + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:  # the column block's last split: the others' partials are in P
+                tl.atomic_xchg(CNT + tl.program_id(0), 0, sem="relaxed", scope="gpu")  # zero for the next launch
+                acc = tl.load(P + tile, mask=ok, other=0.0, cache_modifier=".cg")  # from the L2, never a stale L1
+                for s in tl.static_range(1, SPLIT_K):
+                    acc += tl.load(P + s * M * N + tile, mask=ok, other=0.0, cache_modifier=".cg")
+                if RMS:  # as the split-sum launch: the total scaled by 1 / rms(h), then the bias
+                    sq_at = SQ + tl.program_id(0) * M + rows
+                    ss = tl.load(sq_at, mask=ok_m, other=0.0, cache_modifier=".cg")
+                    for s in tl.static_range(1, SPLIT_K):
+                        ss += tl.load(sq_at + s * tl.num_programs(0) * M, mask=ok_m, other=0.0, cache_modifier=".cg")
+                    acc *= tl.rsqrt(ss / K + eps)[None, :]
+                    if HAS_BIAS:
+                        acc += tl.load(B + cols, mask=ok_n, other=0.0).to(tl.float32)[:, None]
+                _dot_out(acc, Y, rows, cols, ok_m, ok_n, N, stride_y, COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h,
+                         stride_kc_s, stride_vc_h, stride_vc_s, HQ, HKV, SWIGLU, ROPE, HALF, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _dot_out(acc, Y, rows, cols, ok_m, ok_n, N, stride_y, COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s,
+             stride_vc_h, stride_vc_s, HQ, HKV, SWIGLU: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store a column block's finished acc (BLOCK_N, BLOCK_M), float32: y = acc in Y's dtype, or
+    (SWIGLU, ROPE: tile row 2i and 2i + 1 a pair, see `_skinny_dot_kernel`) silu(gate) * up, or q
+    rotated into Y and k, v into the caches."""
+    if SWIGLU or ROPE:
         # rounded as the unfused path rounds: the projection stored in Y's dtype, then the next op
         acc = acc.to(Y.dtype.element_ty).to(tl.float32)
         g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))  # (BLOCK_N/2, BLOCK_M)
@@ -199,11 +244,8 @@ def _skinny_dot_kernel(X, W, S, B, Y, P, SQ, RES, NEW_RES, eps, M, N, K, stride_
             _rope_store(g, u, out[:, None] + rows[None, :] * 0, rows[None, :] + out[:, None] * 0, ok, Y, stride_y,
                         COS, SIN, SLOTS, KC, VC, stride_cos, stride_kc_h, stride_kc_s, stride_vc_h, stride_vc_s,
                         HQ, HKV, HALF)
-    elif SPLIT_K == 1:
-        tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
-                 mask=ok_n[:, None] & ok_m[None, :])
     else:
-        tl.store(P + tl.program_id(1) * M * N + rows[None, :] * N + cols[:, None], acc,
+        tl.store(Y + rows[None, :] * stride_y + cols[:, None], acc.to(Y.dtype.element_ty),
                  mask=ok_n[:, None] & ok_m[None, :])
 
 
@@ -514,14 +556,17 @@ class DotConfig:
 
 @dataclass(frozen=True)
 class GemvLaunch:
-    """Overrides of `gemv`'s launch shape (None: the measured defaults of `dot_config` /
-    `gemv_config`; benchmarks, tests). split_k > 1 (kind "dot") splits K over that many programs per
-    column block. x_f16 (fp8 weights, bf16/fp16 x): convert x to float16 once before the launch
+    """How `gemv` launches: overrides of its launch shape (None: the measured defaults of
+    `dot_config` / `gemv_config`; benchmarks, tests) and its split-K sum (the model's). split_k > 1
+    (kind "dot") splits K over that many programs per column block. x_f16 (fp8 weights, bf16/fp16 x): convert x to float16 once before the launch
     instead of in every program at every K step: the same result bit for bit, meant for many rows,
     where the x tile outgrows the weight tile (not measured, so off by default). int4_x_ahead (int4
     weights): gather the next tile's x while this tile's MMA runs, so the gather's L2 latency is
     not paid once per tile; None: `int4_x_ahead_on` (on up to 64 rows, measured faster on the
-    H100, docs/decisions.md)."""
+    H100, docs/decisions.md). combine: how split-K partials are summed, "separate" (a second launch,
+    `_split_sum_kernel`) or "kernel" (the last split of each column block to finish, one launch);
+    workspace: its counters, shared by the launches of one stream (`kernels.counters`; None: each
+    split launch zeroes fresh ones, one memset)."""
 
     block_n: int | None = None
     block_k: int | None = None
@@ -530,6 +575,12 @@ class GemvLaunch:
     split_k: int | None = None
     x_f16: bool = False
     int4_x_ahead: bool | None = None
+    combine: str = "separate"
+    workspace: CounterWorkspace | None = None
+
+    def __post_init__(self) -> None:
+        if self.combine not in COMBINES:
+            raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {self.combine!r}")
 
 
 @dataclass(frozen=True)
@@ -671,10 +722,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
     kind "dot": y.T = w @ x.T with `tl.dot` (token rows padded to 16; float32 inputs use IEEE
     products, not TF32). launch.split_k > 1 splits K over that many programs per column block, each
     writing a float32 partial (split_k * M * N * 4 bytes), summed in order by a second launch
-    (`_split_sum_kernel`); fp8 weights use it (4) where N <= 8192, too few column blocks to fill
-    the GPU, native weights at <= 16 rows with too few column blocks for a long K (`SPLIT_RULES`:
-    TP-shard qkv GEMMs, the 1B's down), with an RMSNorm epilogue too. kind "fma": broadcast multiply + sum
-    in float32 (no tensor cores; block_n 16 and 8192 products per K step). pdl: launch as a
+    (`_split_sum_kernel`), or with launch.combine "kernel" by the last split of each column block
+    to finish, in the same order (the same result bit for bit, one launch fewer; `kernels.counters`).
+    fp8 weights split K (4) where N <= 8192, too few column blocks to fill the GPU, native weights
+    at <= 16 rows with too few column blocks for a long K (`SPLIT_RULES`: TP-shard qkv GEMMs, the
+    1B's down), with an RMSNorm epilogue too. kind "fma": broadcast multiply + sum in float32 (no
+    tensor cores; block_n 16 and 8192 products per K step). pdl: launch as a
     programmatic dependent launch (`swiftspec.kernels.pdl`; Hopper GPUs): True / "early" (the dot
     kind then loads its first weight tile before waiting for the previous kernel) or "late" (the
     next kernel may launch once the K loop is done).
@@ -773,6 +826,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
         cfg = dot_config(m, n, k, 0.5 if int4 else weight.element_size(), x.element_size(), fp8=fp8, int4=int4,
                          pdl=pdl, residual=residual is not None, norm=rms, launch=lc)
         bm, bn, bk, split_k = cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
+        pairs = swiglu or rope is not None  # each program's bn weight rows are bn / 2 pairs of rows
         if int4 and bk < 128:  # `_int4_tile` dots BLOCK_K / 8 inputs at a time: the MMA's K is >= 16
             raise ValueError(f"int4 weights need block_k >= 128, got {bk}")
         upcast = _interpreted_bf16(x.dtype) and not fp8  # fp8 with bfloat16 x runs float16 products
@@ -782,15 +836,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
         x_f16 = f16 and x_f16
         if x_f16 and x.dtype != torch.float16:  # as `_dot` converts it, once for all programs
             x = x.float().clamp(-65504.0, 65504.0).to(torch.float16)
+        blocks = triton.cdiv(n // 2, bn // 2) if pairs else triton.cdiv(n, bn)
+        combine = lc.combine == "kernel" and split_k > 1
+        counters = arrival_counters(lc.workspace, blocks, x.device) if combine else x  # x: unused
         part = y if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-        sq = torch.empty((split_k, m), dtype=torch.float32, device=x.device) if rms and split_k > 1 else x
+        sq = (torch.empty((split_k, blocks if combine else 1, m), dtype=torch.float32, device=x.device)
+              if rms and split_k > 1 else x)
         res = residual if residual is not None else x
         # rope's pointers, or x where unused
         rp = (r.cos, r.sin, r.slots, r.k_cache, r.v_cache, r.cos.stride(0), r.k_cache.stride(0), r.k_cache.stride(1),
               r.v_cache.stride(0), r.v_cache.stride(1), r.q_heads, r.kv_heads) if r else (x,) * 5 + (0,) * 7
-        pairs = swiglu or rope is not None  # each program's bn weight rows are bn / 2 pairs of rows
-        _skinny_dot_kernel[(triton.cdiv(n // 2, bn // 2) if pairs else triton.cdiv(n, bn), split_k)](
-            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, res,
+        _skinny_dot_kernel[(blocks, split_k)](
+            x, weight, scale if fp8 else x, bias if bias is not None else x, y, part, sq, counters, res,
             residual_out if residual_out is not None else x, float(rms_eps or 0.0), m, n, k, x.stride(0),
             weight.stride(0), y.stride(0), res.stride(0), *rp, *quant, INT4=int4,
             GROUP=w4.group_size if int4 else 1, EVEN_K=int4 and k % bk == 0, PTX=int4 and _ptx(), X_AHEAD=int4 and int4_x_ahead_on(lc, bm),
@@ -798,9 +855,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | Int4Weight, bias: torch.Tensor 
             UPCAST=upcast, F16=f16, X_F16=x_f16, SPLIT_K=split_k, RMS=rms, HAS_RES=residual is not None,
             SWIGLU=swiglu, ROPE=rope is not None, HALF=half, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl_mode(pdl),
             PF_LINES=prefetch_lines(n, k, weight.element_size(), cfg, int4) if pdl_mode(pdl) == 4 else 0,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
+            COMBINE=combine, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )
-        if split_k > 1:
+        if split_k > 1 and not combine:
             total = m * n // 2 if pairs else m * n
             _split_sum_kernel[(triton.cdiv(total, 1024),)](
                 part, y, bias if bias is not None else x, sq, float(rms_eps or 0.0), m, n, k, y.stride(0), *rp,

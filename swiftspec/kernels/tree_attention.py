@@ -21,24 +21,11 @@ Design (numbers for an H200: 132 SMs, 4.3 TB/s measured copy bandwidth, 60 MB L2
   one split (or one *active* split for this prefix, in-kernel mode) the kernel writes the output
   itself.
   num_splits comes from a time model fitted to the measured H200 sweep (`SplitCostModel`).
-* **In-kernel combine: memory ordering.** Per (row tile, KV head) an int32 counter, zero on
-  entry. An active split (1) stores its partial (all threads), (2) `tl.debug_barrier()` (bar.sync:
-  those stores are performed with respect to every thread of the CTA), (3) one thread does
-  `atomic_add(counter, 1, sem="acq_rel", scope="gpu")`; Triton broadcasts the old value to the
-  CTA through shared memory behind a second bar.sync. The release half of (3) orders the
-  CTA's partial stores (ordered before it by the barrier: causality order is transitive
-  through bar.sync) before the increment; the atomics on one address are totally ordered, so the
-  program that reads n_active - 1 comes after every other increment, and the acquire half of its
-  atomic, followed by the broadcast barrier, orders all its threads' later loads after every
-  split's stores. It reads the partials with .cg (L2) loads, which also rules out a stale L1 line,
-  then resets the counter (an atomic exchange); no other program touches that counter again in
-  the launch, and the next launch (next layer, next graph replay) starts after this one ends, so
-  the counters are zero again on entry. Inactive splits (no keys for this prefix) do not count:
-  every program computes the same n_active from the same device-resident prefix. This is the
-  CUDA "last block" reduction pattern (threadfence + atomicInc) with the fence folded into the
-  atomic's semantics. The interpreter runs programs one after another, so CPU tests check the
-  arithmetic and the counter reset, not the ordering; `test_gpu_in_kernel_combine_stress` does
-  the latter on a GPU.
+* **In-kernel combine.** Per (row tile, KV head) an int32 counter, zero on entry: each active
+  split stores its partial and counts itself in, the last to arrive merges (`kernels.counters`
+  gives the memory ordering). Inactive splits (no keys for this prefix) do not count: every
+  program computes the same n_active from the same device-resident prefix.
+  `test_gpu_in_kernel_combine_stress` checks the ordering on a GPU.
 * **Mask.** `pack_tree_mask` bit-packs the (T, N) bool mask into (T, ceil(N/32)) int32 words on
   the GPU in one launch (do it once per step and pass `packed_mask=` to every layer). Key blocks
   that lie wholly inside the prefix take a loop with no mask at all; only the blocks that touch
@@ -69,6 +56,7 @@ import triton
 import triton.language as tl
 
 from swiftspec.kernels import interpreting
+from swiftspec.kernels.counters import CounterWorkspace, arrival_counters
 from swiftspec.kernels.pdl import check_pdl, grid_release, grid_sync, launch_options, pdl_mode
 
 try:  # host-side TMA descriptors: newer Triton releases only (the TMA loads need them)
@@ -532,30 +520,6 @@ def _num_sms(device: torch.device) -> int:
     return _DEFAULT_NUM_SMS
 
 
-class TreeAttentionWorkspace:
-    """Arrival counters of the in-kernel combine, zeroed once and shared by many calls.
-
-    Every launch leaves the counters it used at zero (the last split of each (row tile, kv head)
-    resets its own), so all the calls of one stream of work (every layer of a model, every replay
-    of a CUDA graph) can share one workspace and no memset is needed per call. Two launches that
-    may run *concurrently* (different streams) must not share one. Create it before graph capture
-    (and call once before capturing, as for Triton's compilation anyway): a counter buffer that
-    grows keeps the old one alive, since a captured graph may still point at it.
-    """
-
-    def __init__(self, device: torch.device | str, capacity: int = 4096):
-        self.device = torch.device(device)
-        self.counters = torch.zeros(capacity, dtype=torch.int32, device=self.device)
-        self._retired: list[torch.Tensor] = []
-
-    def counters_for(self, n: int) -> torch.Tensor:
-        """(>= n,) int32 zeros on the workspace's device."""
-        if n > self.counters.numel():
-            self._retired.append(self.counters)
-            self.counters = torch.zeros(max(n, 2 * self.counters.numel()), dtype=torch.int32, device=self.device)
-        return self.counters
-
-
 @dataclass(frozen=True)
 class TreeAttentionLaunch:
     """How `tree_attention` launches (the defaults: `choose_config`'s rules, the separate combine).
@@ -563,14 +527,14 @@ class TreeAttentionLaunch:
     combine: how split-KV partials are merged when num_splits > 1: "separate" (a second,
     row-parallel combine launch) or "kernel" (the last split to finish merges, one launch).
     workspace: counters for combine "kernel", shared by all calls of a stream
-    (`TreeAttentionWorkspace`); without one each split call zeroes fresh counters (one memset).
+    (`kernels.counters.CounterWorkspace`); without one each split call zeroes fresh counters (one memset).
     num_splits, block_m, block_n, num_warps, num_stages: override the launch shape (benchmarks,
     tests). tma: read the prefix blocks' K/V through TMA tensor descriptors (Hopper; contiguous
     caches); None: `choose_config`'s rule, which falls back to plain loads for non-contiguous caches.
     """
 
     combine: str = "separate"
-    workspace: TreeAttentionWorkspace | None = None
+    workspace: CounterWorkspace | None = None
     num_splits: int | None = None
     block_m: int | None = None
     block_n: int | None = None
@@ -714,15 +678,7 @@ def tree_attention(
         part_acc = torch.empty((cfg.num_splits, hkv, rows, d), dtype=torch.float32, device=device)
     else:
         part_ml = part_acc = out  # unused by the kernel when NUM_SPLITS == 1
-    if in_kernel:
-        if workspace is None:
-            counters = torch.zeros(m_tiles * hkv, dtype=torch.int32, device=device)
-        else:
-            if workspace.counters.device != device:
-                raise ValueError(f"workspace is on {workspace.counters.device}, q on {device}")
-            counters = workspace.counters_for(m_tiles * hkv)
-    else:
-        counters = out  # unused
+    counters = arrival_counters(workspace, m_tiles * hkv, device) if in_kernel else out  # out: unused
     scale_log2 = float(scale) * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     kd, vd = k_cache, v_cache  # unused without tma
     use_tma = cfg.tma and k_cache.is_contiguous() and v_cache.is_contiguous()

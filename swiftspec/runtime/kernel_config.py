@@ -19,7 +19,7 @@ import torch
 from swiftspec.spec import WEIGHT_FORMATS, UserError
 
 ATTENTION_IMPLS = ("torch", "ref", "triton")
-ATTENTION_COMBINES = ("separate", "kernel")
+COMBINES = ("separate", "kernel")  # how a kernel's split partials are merged: a second launch, or inside it
 FUSION_MODES = ("off", "compile", "triton")
 LINEAR_IMPLS = ("torch", "triton")
 PDL_MODES = ("off", "early", "late", "early-nopeel", "prefetch")
@@ -33,8 +33,8 @@ ATTENTION_WS_MIN_TOKENS = 32
 DEFAULT_CAPABILITY = (9, 0)
 
 # The keys a profile's meta.json records (`profile_settings`) and `kernel_mismatch` compares.
-KERNEL_SETTINGS = ("attention", "attention_combine", "attention_ws", "fold_norm", "fusion", "linear", "pdl",
-                   "rope", "swiglu", "tree_growth", "weight_format")
+KERNEL_SETTINGS = ("attention", "attention_combine", "attention_ws", "fold_norm", "fusion", "linear",
+                   "linear_combine", "pdl", "rope", "swiglu", "tree_growth", "weight_format")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,9 @@ class KernelConfig:
     fusion: the small per-layer ops as eager torch ("off"), `torch.compile` ("compile") or the
     fused Triton kernels ("triton": add+RMSNorm, RoPE+KV write, silu*up).
     linear: GEMMs by `F.linear` ("torch") or the skinny linear ("triton", forwards of at most
-    `linear_max_rows` tokens; None: `kernels.gemv.MAX_ROWS`). fold_norm, swiglu, rope: the
+    `linear_max_rows` tokens; None: `kernels.gemv.MAX_ROWS`), whose split-K partials are summed by
+    `linear_combine` ("separate": a second launch; "kernel": inside the linear's launch, by the
+    last split of each column block to finish; the same result bit for bit). fold_norm, swiglu, rope: the
     skinny linear's epilogues (RMSNorm folded into the weights; silu(gate)*up; RoPE + KV write).
     pdl: programmatic dependent launch of the Triton kernels ("early", "late", "early-nopeel",
     "prefetch", "off"; sm_90+; `kernels.pdl`).
@@ -65,6 +67,7 @@ class KernelConfig:
     fusion: str = "off"
     linear: str = "torch"
     linear_max_rows: int | None = None
+    linear_combine: str = "separate"
     fold_norm: bool = False
     swiglu: bool = False
     rope: bool = False
@@ -73,7 +76,8 @@ class KernelConfig:
     weight_format: str = "native"
 
     def __post_init__(self) -> None:
-        for name, allowed in (("attention", ATTENTION_IMPLS), ("attention_combine", ATTENTION_COMBINES),
+        for name, allowed in (("attention", ATTENTION_IMPLS), ("attention_combine", COMBINES),
+                              ("linear_combine", COMBINES),
                               ("fusion", FUSION_MODES), ("linear", LINEAR_IMPLS), ("pdl", PDL_MODES),
                               ("tree_growth", TREE_GROWTH_IMPLS), ("weight_format", WEIGHT_FORMATS)):
             value = getattr(self, name)
@@ -138,7 +142,8 @@ class KernelConfig:
             "attention_combine": self.attention_combine if self.attention == "triton" else "-",
             "attention_ws": "on" if self.attention_ws_rows else "off",
             "fold_norm": "on" if self.fold_norm else "off",
-            "fusion": self.fusion, "linear": self.linear, "pdl": self.pdl,
+            "fusion": self.fusion, "linear": self.linear,
+            "linear_combine": self.linear_combine if self.linear == "triton" else "-", "pdl": self.pdl,
             "rope": "on" if self.rope else "off", "swiglu": "on" if self.swiglu else "off",
             "tree_growth": self.tree_growth, "weight_format": self.weight_format,
         }

@@ -27,6 +27,7 @@ can be captured in a CUDA graph (`graphs.GraphRunner`).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import torch
@@ -34,12 +35,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from swiftspec.kernels.counters import CounterWorkspace
 from swiftspec.kernels.gemv import (
     MAX_ROWS,
     MAX_ROWS_DOT,
     MAX_ROWS_FP8,
     MAX_ROWS_INT4,
     Epilogue,
+    GemvLaunch,
     RopeKV,
     fold_norm_weight,
     gemv,
@@ -53,7 +56,6 @@ from swiftspec.kernels.rope_kv import rope_kv
 from swiftspec.kernels.silu_mul import silu_mul as silu_mul_kernel
 from swiftspec.kernels.tree_attention import (
     TreeAttentionLaunch,
-    TreeAttentionWorkspace,
     pack_tree_mask,
     tree_attention,
 )
@@ -259,14 +261,20 @@ class Transformer(nn.Module):
         their dequantized copy. The choice is per forward shape, so a captured graph holds one.
         Where the skinny linear runs, its epilogues save a launch each: fold_norm the residual add + RMSNorm before the qkv, gate/up and LM-head GEMMs (once
         `fold_norms` has folded the norm weights into them), swiglu silu(gate) * up after gate/up,
-        rope RoPE + the KV-cache write after qkv."""
+        rope RoPE + the KV-cache write after qkv. linear_combine "kernel": split-K partials summed
+        inside the linear's launch, its counters in the model's workspace (`kernels.counters`)."""
         self._gemv, self._gemv_rows, self._gemv_quant_rows = None, 0, 0
         if kernels.linear == "triton":
             rows = MAX_ROWS if kernels.linear_max_rows is None else kernels.linear_max_rows
             if not 1 <= rows <= MAX_ROWS_DOT:
                 raise UserError(f"linear_max_rows must be in 1..{MAX_ROWS_DOT}, got {rows}")
             quant_rows = MAX_ROWS_INT4 if kernels.weight_format == "int4" else MAX_ROWS_FP8
-            self._gemv, self._gemv_rows, self._gemv_quant_rows = gemv, rows, quant_rows
+            run = gemv
+            if kernels.linear_combine == "kernel":
+                if self._workspace is None:  # one set of counters for every counting launch of the model
+                    self._workspace = CounterWorkspace(self.device)
+                run = functools.partial(gemv, launch=GemvLaunch(combine="kernel", workspace=self._workspace))
+            self._gemv, self._gemv_rows, self._gemv_quant_rows = run, rows, quant_rows
 
     def fold_norms(self) -> None:
         """Fold each RMSNorm's weight into the GEMM that consumes its output (W · diag(g): attn_norm
@@ -373,8 +381,8 @@ class Transformer(nn.Module):
         self._fused_ops = self._workspace = None
         if mode == "triton":
             self._fused_ops = (add_rmsnorm, rope_kv, silu_mul_kernel)
-            # split-KV combine counters shared by every layer: no memset launch per layer
-            self._workspace = TreeAttentionWorkspace(self.device)
+            # arrival counters shared by every layer (the in-kernel split merges): no memset per launch
+            self._workspace = CounterWorkspace(self.device)
 
     def _init_attention(self, kernels: KernelConfig) -> None:
         """Tree attention: "torch" SDPA with the mask built once per forward; "ref"
