@@ -59,7 +59,7 @@ def loop_facts(kernel) -> dict:
         cubin.write_bytes(kernel.asm["cubin"])
         tool = Path(compile_check._ptxas_dir()) / "cuobjdump"
         sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loop: list[str] = []
     for addr, text in ins:
         t = re.search(r"BRA.*?0x([0-9a-f]+)", text)
