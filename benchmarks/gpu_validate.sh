@@ -17,6 +17,9 @@
 # tokens at 100-400 tok/s; a 16-token warm-up in the first pass) ~ 4 minutes; BUDGET (420 s) cuts it
 # short. Each configuration's measured numbers are the medians over the passes (`--passes`).
 #
+# CALIBRATE=0: no per-pair host calibration; the predictions take the profile's own host rows
+# (`validate --no-calibrate-host`), which is what a plan made from that profile uses.
+#
 # LOOP=device: first profile the three validation models at TP 1 with the device loop
 # (`gpu_profile.sh` with EXTRA="--tp 1 --loop device", PBUDGET s, ~2 minutes; WEIGHT_FORMAT passes
 # through), then validate from that profile, which runs that loop; PROFILE is then not read.
@@ -50,6 +53,7 @@ t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null || true
 timeout "$BUDGET" $PY -m swiftspec validate --gpus 1 --device cuda --profile "$PROFILE" \
     --prompts "${PROMPTS:-4}" --max-new-tokens "${MAX_NEW:-96}" --passes "$PASSES" ${CONFIGS:+--configs "$CONFIGS"} \
+    $([ "${CALIBRATE:-1}" = 0 ] && echo --no-calibrate-host) \
     -o "$OUT/validation" 2>&1 | tee "$OUT/validation.log"
 echo "validate exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s"
 ls -la "$OUT/validation"

@@ -41,12 +41,10 @@ def test_rounds_alternate_the_order(make_checkpoint, tmp_path):
 
 def test_fp8_mode_has_its_own_floor(make_checkpoint, tmp_path):
     """"+fp8": a weight-only fp8 copy of the model, its floor with GEMM weights at one byte each,
-    its logits near (not equal to) those of "off"; "+linearcombine" (fp8 splits K at these shapes,
-    summed inside the launch) the same logits."""
-    ckpt = make_checkpoint("llama", hidden_size=256, intermediate_size=384)  # K over 2-3 128-wide steps: split
+    its logits near (not equal to) those of "off"."""
+    ckpt = make_checkpoint("llama")
     bench_step_kernels.main(["--device", "cpu", "--models", str(ckpt), "--tokens", "1", "--kv", "16",
-                             "--fusions", "off,triton+gemv+fp8,triton+gemv+fp8+linearcombine", "--reps", "2",
-                             "--warmup", "0", "--no-kernels",
+                             "--fusions", "off,triton+gemv+fp8", "--reps", "2", "--warmup", "0", "--no-kernels",
                              "--breakdown-tokens", "", "--out", str(tmp_path)])  # fmt: skip
     steps = pd.read_csv(next(tmp_path.glob("bench_step_kernels-*.csv"))).query("kind == 'step'").set_index("fusion")
     assert steps.loc["triton+gemv+fp8", "weight_format"] == "fp8" and steps.loc["off", "weight_format"] == "native"
@@ -55,8 +53,18 @@ def test_fp8_mode_has_its_own_floor(make_checkpoint, tmp_path):
                    for f in ("native", "fp8"))  # fmt: skip
     assert steps.loc["off", "bytes"] == native and steps.loc["triton+gemv+fp8", "bytes"] == fp8 < native / 3
     assert 0 < steps.loc["triton+gemv+fp8", "max_rel_err_vs_off"] < 0.15
-    assert steps.loc["triton+gemv+fp8+linearcombine", "max_rel_err_vs_off"] == steps.loc["triton+gemv+fp8",
-                                                                                          "max_rel_err_vs_off"]
+
+
+def test_mode_suffixes_name_the_kernels():
+    """Each suffix turns on its own choice and nothing else: "+linearcombine" the skinny linear's
+    split-K sum in its launch, "+kernelcombine" the attention's merge, "+int4" the weight format."""
+    args = bench_step_kernels.argparse.Namespace(attention="triton")
+    base = bench_step_kernels.mode_kernels(args, "triton+gemv")
+    assert (base.linear_combine, base.attention_combine, base.weight_format) == ("separate", "separate", "native")
+    assert bench_step_kernels.mode_kernels(args, "triton+gemv+linearcombine") == dataclasses.replace(
+        base, linear_combine="kernel")
+    assert bench_step_kernels.mode_kernels(args, "triton+gemv+kernelcombine+int4") == dataclasses.replace(
+        base, attention_combine="kernel", weight_format="int4")
 
 
 def test_gemv_rows_suffix_and_gemm_table(make_checkpoint, tmp_path):

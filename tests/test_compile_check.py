@@ -121,10 +121,12 @@ def test_split_k_combined_in_the_launch_fits_sm90():
     cases = [((dot_config(1, 1280, 8192, 2, 2, residual=True, norm=True), True, "rope"), 0),
              ((dot_config(16, 4096, 14336, 1, 2, fp8=True), False, ""), 0),
              ((dot_config(1, 1280, 8192, 0.5, 2, int4=True), False, "rope"), 128)]
-    for item, group in cases:
-        assert item[0].split_k > 1
-        kernel, separate = (compile_check.gemv_reports([item], int4_group=group, combine=c)[0] for c in (True, False))
-        assert kernel.fits and kernel.spill_bytes == 0 and kernel.shared_bytes == separate.shared_bytes, (item, kernel)
+    for group in (0, 128):
+        items = [item for item, g in cases if g == group]
+        assert all(cfg.split_k > 1 for cfg, _, _ in items)
+        kernel, separate = (compile_check.gemv_reports(items, int4_group=group, combine=c) for c in (True, False))
+        for item, k, s in zip(items, kernel, separate, strict=True):
+            assert k.fits and k.spill_bytes == 0 and k.shared_bytes == s.shared_bytes, (item, k)
 
 
 def test_prefetch_mode_asks_the_l2_for_each_line_before_the_wait():

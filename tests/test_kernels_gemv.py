@@ -501,7 +501,7 @@ def test_gpu_split_k_combined_in_the_launch_under_concurrency(fmt):
     calls = []
     for k in (4096, 14336):
         w = _rand((4096, k), gen, torch.float32)
-        kw = ({"scale": None} if fmt == "bf16" else {})
+        kw = {}
         if fmt == "bf16":
             w = w.bfloat16().cuda()
         elif fmt == "fp8":
