@@ -33,7 +33,7 @@ t0=$(date +%s)
   timeout 120 $PY benchmarks/bench_w4a16.py --rows "$ROWS" --quick --out /tmp/w4a16 2>&1 | tail -16
   cp /tmp/w4a16/bench_w4a16.json "$OUT/w4a16.json"
   if [ -n "$REF" ]; then
-    (cd "$REF" && PYTHONPATH="$PWD" timeout 120 $PY benchmarks/bench_w4a16.py --rows "$ROWS" --quick \
+    (cd "$REF" && PYTHONPATH="$PWD:$PYTHONPATH" timeout 120 $PY benchmarks/bench_w4a16.py --rows "$ROWS" --quick \
         --out /tmp/w4a16_ref 2>&1 | tail -16)
     cp /tmp/w4a16_ref/bench_w4a16.json "$OUT/w4a16_ref.json"
   fi
