@@ -116,6 +116,9 @@ def test_settings_as_a_profile_records_them():
     assert KernelConfig(pdl="early").settings()["pdl"] == "early"
     assert profile_settings("cuda", capability=(9, 0)) == {**s, "fold_norm": "tp1"}  # a profile spans TP degrees
     assert profile_settings("cuda", "fp8", capability=(9, 0))["fold_norm"] == "off"
+    # int4's split linears sum their partials in the launch; native and fp8 ones in a second launch
+    assert [profile_settings("cuda", f, capability=(9, 0))["linear_combine"] for f in ("native", "fp8", "int4")] == [
+        "separate", "separate", "kernel"]
     assert profile_settings("cpu", attention="triton")["attention_combine"] == "separate"
 
 

@@ -107,7 +107,9 @@ class KernelConfig:
         - fold_norm there too, for native weights at TP 1 only (narrow TP shards launch too few
           programs to hide the norm);
         - late PDL on sm_90 and newer;
-        - the Gluon attention on sm_90 for native weights.
+        - the Gluon attention on sm_90 for native weights;
+        - split-K partials summed inside the linear's launch for int4 weights (three of a layer's
+          four int4 linears split K), in a second launch for native and fp8 ones.
         """
         choices = {k: v for k, v in choices.items() if v != "auto"}
         unknown = sorted(set(choices) - {f.name for f in dataclasses.fields(cls)})
@@ -130,6 +132,7 @@ class KernelConfig:
             swiglu=epilogues, rope=epilogues,
             pdl="late" if hopper and fusion == "triton" else "off",
             tree_growth="triton" if cuda else "torch",
+            linear_combine="kernel" if linear == "triton" and weight_format == "int4" else "separate",
         )
         if choices.get("tree_growth") == "graph" and not cuda:
             choices["tree_growth"] = "torch"  # graphs are CUDA's: elsewhere the eager top-k
