@@ -13,8 +13,8 @@
 #    validation models at TP 1 only;
 # 5. VALIDATE=1: `swiftspec validate` (`gpu_validate.sh`) predicted from that profile before the run,
 #    for VBUDGET seconds.
-# BENCH=0 skips 1-3; LOOP=device profiles the device loop's host work (`profile compute --loop`), and
-# `validate` then runs that loop.
+# BENCH=0 skips 1-3; LOOP (device) is the loop whose host work the profile measures (`profile compute
+# --loop`), and `validate` then runs that loop.
 # Writes $OUT/{w4a16.json, step.json (with the machine's metadata), int4-profile.tgz (the profile
 # folder: compute.csv and/or compute.partial.csv, comm.csv, meta.json), int4.log} and with VALIDATE=1
 # $OUT/validation/{report.csv, report.json, host.csv}: at most 7 files (the device tool brings back 8).
@@ -27,7 +27,7 @@ BUDGET=${BUDGET:-200}
 VALIDATE=${VALIDATE:-0}
 VBUDGET=${VBUDGET:-300}
 BENCH=${BENCH:-1}
-LOOP=${LOOP:-host}
+LOOP=${LOOP:-device}
 if [ "$VALIDATE" = 1 ]; then
   MODELS=${MODELS:-Llama-3-8B,Llama-3.2-3B,Llama-3.2-1B}
   TPS="--tp 1"

@@ -481,9 +481,10 @@ def profile_group() -> None:
                    "head and >= 32 tokens through the Gluon warp-specialized tree attention: Hopper, bf16/fp16) | "
                    "off. Recorded in meta.json.")
 @click.option("--time-budget", type=seconds(), default=None, help="Seconds; then stop and write what was measured.")
-@click.option("--loop", type=click.Choice(LOOPS), default="host", show_default=True,
+@click.option("--loop", type=click.Choice(LOOPS), default=None,
               help="The decoding loop whose host work the host rows measure (meta.json `loop`; `run` and `validate` "
-                   "then run that loop by default).")
+                   "then run that loop by default) [default: a resumed folder's loop, else device on CUDA, host "
+                   "otherwise].")
 def profile_compute_cmd(models, tp, tokens, kv, compact, output, device, dtype, quick, host, alias, attention,
                         weight_format, attention_ws, time_budget, loop) -> None:  # fmt: skip
     """Time forward/layers, embed, LM head, tree growth, KV compaction and host work per iteration."""

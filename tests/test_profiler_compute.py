@@ -237,7 +237,8 @@ def test_host_rows_cover_every_mode(make_checkpoint, tmp_path):
 
 def test_host_rows_of_the_device_loop_are_labelled_and_kept_apart(make_checkpoint, tmp_path):
     """--loop device: the host rows measure the device loop, meta.json says so (run and validate
-    then run that loop by default), and a folder holding the host loop's rows refuses them."""
+    then run that loop by default), a folder holding the host loop's rows refuses them, and a
+    resumed folder keeps its loop when none is asked for."""
     ckpt = make_checkpoint("llama")
     grid = ComputeGrid(tps=(1,), tokens=(1,), kv=(16,), compact=(1,))
     res = profile_compute([str(ckpt)], tmp_path / "dev", device="cpu", grid=grid, timing=FAST, progress=False,
@@ -251,6 +252,10 @@ def test_host_rows_of_the_device_loop_are_labelled_and_kept_apart(make_checkpoin
     with pytest.raises(UserError, match="holds host rows of the host loop"):
         profile_compute([str(ckpt)], tmp_path / "host", device="cpu", grid=grid, timing=FAST, progress=False,
                         options=ComputeOptions(host_decodes=(1, 6), loop="device"))  # fmt: skip
+    # no loop asked for: a resumed folder keeps its own (a new CPU folder takes the host loop, above)
+    profile_compute([str(ckpt)], tmp_path / "dev", device="cpu", grid=grid, timing=FAST, progress=False,
+                    options=ComputeOptions(host_decodes=(1, 6)))  # fmt: skip
+    assert Profile.load(tmp_path / "dev").meta["loop"] == "device"
 
 
 def test_host_rows_time_a_loop_built_before_them(monkeypatch):

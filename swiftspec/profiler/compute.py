@@ -530,7 +530,8 @@ class ComputeOptions:
     for many-row forwards. time_budget_s: stop starting new points after this many seconds and
     write what was measured (meta.json `incomplete` says so). loop: the decoding loop whose host
     work the host rows measure (meta.json `loop`; `run` and `validate` then run that loop by
-    default; a folder keeps one loop).
+    default; a folder keeps one loop). None: a resumed folder's loop, else "device" on CUDA (faster
+    in every configuration measured, docs/performance.md) and "host" on CPU (eager: no syncs to save).
     """
 
     dtype: str | None = None
@@ -541,7 +542,7 @@ class ComputeOptions:
     weight_format: str = "native"
     attention_ws: str = "auto"
     time_budget_s: float | None = None
-    loop: str = "host"
+    loop: str | None = None
 
     def kernel_choices(self, device: str) -> dict:
         """The `KernelConfig.resolve` choices these options make (UserError for a bad one)."""
@@ -631,10 +632,12 @@ def _profile_compute(
             (out / "compute.csv").exists() or (out / PARTIAL).exists()):  # fmt: skip
         raise UserError(f"{out} holds a {old_meta.get('weight_format', 'native')}-weight profile: write the "
                         f"{weight_format} one to another folder (-o)")
-    if opts.loop not in LOOPS:
-        raise UserError(f"--loop must be one of {', '.join(LOOPS)}, got {opts.loop!r}")
-    if old_meta.get("loop", "host") != opts.loop and (out / "compute.csv").exists():
-        raise UserError(f"{out} holds host rows of the {old_meta.get('loop', 'host')} loop: write the {opts.loop} "
+    old_loop = old_meta.get("loop", "host") if (out / "compute.csv").exists() else None
+    loop = opts.loop or old_loop or ("device" if device == "cuda" else "host")
+    if loop not in LOOPS:
+        raise UserError(f"--loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    if old_loop not in (None, loop):
+        raise UserError(f"{out} holds host rows of the {old_loop} loop: write the {loop} "
                         "loop's profile to another folder (-o)")
     out.mkdir(parents=True, exist_ok=True)
     partial_path = out / PARTIAL
@@ -676,7 +679,7 @@ def _profile_compute(
         # host work first: seconds of work, and the per-iteration cost every plan needs
         if host and not all(k in done for k in host_keys) and (deadline is None or time.time() < deadline):
             for row in measure_host(device, prompts=opts.host_decodes[0], new_tokens=opts.host_decodes[1],
-                                    loop=opts.loop):
+                                    loop=loop):
                 if (row["op"], row["model"], 1, 0, 0) not in done:
                     emit(row)
                     if bar is not None:
@@ -751,7 +754,7 @@ def _profile_compute(
     meta.update(
         source="measured",
         dtype=dtype,
-        loop=opts.loop,
+        loop=loop,
         **kernels,
         weights="random (real shapes)",
         grid=asdict(grid),
