@@ -1,10 +1,12 @@
-"""W4A16 skinny linear on Llama-3-8B shapes against its bytes floor and the bf16 and fp8 paths, in one run.
+"""W4A16 skinny linear on one layer's shapes against its bytes floor and the bf16 and fp8 paths, in one run.
 
     python benchmarks/bench_w4a16.py --out DIR                    # on the GPU: < 2 minutes
+    python benchmarks/bench_w4a16.py --model Llama-3-70B --tp 8 --out DIR   # a TP shard's linears
     TRITON_INTERPRET=1 python benchmarks/bench_w4a16.py --device cpu --rows 1,4 --quick --out /tmp/bw  # smoke
 
-For each linear of a Llama-3-8B layer (qkv 6144 x 4096, o 4096 x 4096, gate/up 28672 x 4096, down
-4096 x 14336) and each row count (--rows, default 1..256) it times, as `bench_kernels.time_calls`
+For each linear of one rank's layer of --model at --tp (`ModelSpec.linear_shapes`; Llama-3-8B at
+TP 1 by default: qkv 6144 x 4096, o 4096 x 4096, gate_up 28672 x 4096, down 4096 x 14336) and each
+row count (--rows, default 1..256) it times, as `bench_kernels.time_calls`
 does (a CUDA graph of calls rotating over enough weight copies to stream cold weights past the L2):
 bf16 weights through the skinny linear's default (`gemv`, up to 256 rows) and cuBLAS (`F.linear`);
 fp8 weights through their default; int4 weights (`quantize_int4`, groups of 128) through the
@@ -40,8 +42,8 @@ from swiftspec.files import atomic_write_text, run_metadata  # noqa: E402
 from swiftspec.kernels.counters import CounterWorkspace  # noqa: E402
 from swiftspec.kernels.gemv import GemvLaunch, gemv, quantize_fp8  # noqa: E402
 from swiftspec.kernels.int4 import dequantize, quantize_int4  # noqa: E402
+from swiftspec.spec import ModelSpec  # noqa: E402
 
-LAYERS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 L2_BYTES = 60 << 20
 
 
@@ -83,7 +85,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rows", default="1,2,4,8,16,32,64,128,256")
-    ap.add_argument("--layers", default=",".join(LAYERS))
+    ap.add_argument("--model", default="Llama-3-8B", help="bundled name or config folder")
+    ap.add_argument("--tp", type=int, default=1, help="TP degree: one rank's shard of each linear")
+    ap.add_argument("--layers", default="qkv,o,gate_up,down")
     ap.add_argument("--quick", action="store_true", help="defaults only, small shapes on CPU")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -91,9 +95,14 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     bw = copy_bandwidth(dev)
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    shapes = ModelSpec.from_config(args.model).linear_shapes(args.tp)
+    if set(args.layers.split(",")) - set(shapes):
+        ap.error(f"--layers: choose from {','.join(shapes)}")
     rows_out = []
     for name in args.layers.split(","):
-        n, k = LAYERS[name] if cuda else (LAYERS[name][0] // 16, LAYERS[name][1] // 16)
+        n, k = shapes[name]
+        if not cuda:  # the interpreter: a sixteenth, whole packs and groups
+            n, k = max(8, n // 128 * 8), max(128, k // 2048 * 128)
         gen = torch.Generator(dev).manual_seed(0)
         w = (torch.randn(n, k, generator=gen, device=dev) * 0.02).to(dtype)
         w8, s8 = quantize_fp8(w)
@@ -128,7 +137,8 @@ def main() -> None:
     out = Path(args.out)
     df = pd.DataFrame(rows_out)
     atomic_write_text(out / "bench_w4a16.csv", df.to_csv(index=False))
-    meta = {**run_metadata(args.device), "copy_bandwidth_Bps": bw, "weights": "random", "group_size": 128}
+    meta = {**run_metadata(args.device), "copy_bandwidth_Bps": bw, "weights": "random", "group_size": 128,
+            "model": args.model, "tp": args.tp}
     atomic_write_text(out / "bench_w4a16.json", json.dumps({"meta": meta, "rows": rows_out}, indent=1) + "\n")
     if "us" in df:
         step = df.dropna(subset=["us"]).groupby(["rows", "variant"])[["us", "floor_us"]].sum()

@@ -9,21 +9,32 @@
 # 1. the GPU tests of the in-launch split-K sum and the shared counters (`-k combined`, the tree
 #    attention's combine stress and graph replay; ~60 s);
 # 2. `bench_w4a16.py --quick` (Llama-3-8B's four linears at ROWS): every format's default against
-#    its `*_combine` variant, and with REF the same from that tree (~40 s each);
-# 3. `bench_step_kernels.py --paired` over STEPS (model:tp pairs, one TP shard each, communication
-#    skipped): the runtime's fusions with and without "+linearcombine", bf16 and int4, at 1 and 16
-#    tokens (~60 s a shard).
-# Writes $OUT/{ab.log, w4a16.json, w4a16_ref.json (with REF), step_<model>_tp<tp>.json}: at most 8.
+#    its variants, and with REF the same from that tree (~40 s each);
+# 3. `bench_w4a16.py` with every variant (K split 1-16 ways, 64 or 128 rows a program, ...) on the
+#    linears of one rank of each SHARDS model:tp pair at 1 and 16 rows (~40 s each), for the split-K
+#    rule of TP shards (`gemv.dot_config`);
+# 4. `bench_step_kernels.py --paired` over STEPS (model:tp pairs, one TP shard each, communication
+#    skipped): FUSIONS, int4 weights (+int4) when INT4=1 (default) else native, at 1 and 16 tokens
+#    (~40 s a shard). Default: PDL "late" against "prefetch" (the first weight lines asked of the L2
+#    before the wait), which matters where a linear's fixed start-up is a large part of its time.
+#    The linear_combine A/B of `results/kernel_ab_h100`: SHARDS= STEPS=Llama-3-8B:1,Llama-3.2-3B:2,
+#    Llama-3-70B:8 FUSIONS=$F,$F+linearcombine,$F+int4,$F+int4+linearcombine, F=$FUSED+pdllate.
+# Writes $OUT/{ab.log, w4a16.json, w4a16_ref.json (with REF), w4a16_<model>_tp<tp>.json,
+# step_<model>_tp<tp>.json}: at most 8 (the device tool's limit).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/swiftspec-out}
 PY=${PY:-python3}
 ROWS=${ROWS:-1,16,32,64,128}
-STEPS=${STEPS:-Llama-3-8B:1,Llama-3.2-3B:2,Llama-3-70B:8}
+SHARDS=${SHARDS:-Llama-3-70B:8,Llama-3-70B:4}
+STEPS=${STEPS:-Llama-3-70B:8,Llama-3.2-3B:2}
 REF=${REF:-}
-FUSED=triton+gemv+swiglu+rope+pdllate  # the runtime's CUDA defaults but the folded norm (native only)
+FUSED=triton+gemv+swiglu+rope  # the runtime's CUDA defaults but the folded norm (native only) and PDL
+W=$([ "${INT4:-1}" = 1 ] && echo +int4 || true)
+FUSIONS=${FUSIONS:-$FUSED+pdllate$W+linearcombine,$FUSED+pdlpf$W+linearcombine}
 mkdir -p "$OUT"
+rm -rf /tmp/w4a16 /tmp/w4a16_* /tmp/step_*  # this script's scratch folders: one run's files each
 t0=$(date +%s)
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null || true
@@ -38,12 +49,18 @@ t0=$(date +%s)
     cp /tmp/w4a16_ref/bench_w4a16.json "$OUT/w4a16_ref.json"
   fi
   echo "bench_w4a16 done after $(( $(date +%s) - t0 )) s"
+  for pair in ${SHARDS//,/ }; do
+    model=${pair%%:*} tp=${pair##*:}
+    timeout 120 $PY benchmarks/bench_w4a16.py --model "$model" --tp "$tp" --rows 1,16 \
+        --out "/tmp/w4a16_$model$tp" 2>&1 | tail -8
+    cp "/tmp/w4a16_$model$tp/bench_w4a16.json" "$OUT/w4a16_${model}_tp${tp}.json"
+    echo "w4a16 $model TP $tp done after $(( $(date +%s) - t0 )) s"
+  done
   for pair in ${STEPS//,/ }; do
     model=${pair%%:*} tp=${pair##*:}
     timeout 150 $PY benchmarks/bench_step_kernels.py --models "$model" --tp "$tp" --tokens 1,16 --kv 1024 --paired \
-        --reps 20 --no-kernels --fusions "$FUSED,$FUSED+linearcombine,$FUSED+int4,$FUSED+int4+linearcombine" \
-        --out "/tmp/step_$model" 2>&1 | grep -v "^ " | tail -10
-    cp /tmp/step_"$model"/bench_step_kernels-*.json "$OUT/step_${model}_tp${tp}.json"
+        --reps 20 --no-kernels --fusions "$FUSIONS" --out "/tmp/step_$model$tp" 2>&1 | grep -v "^ " | tail -10
+    cp /tmp/step_"$model$tp"/bench_step_kernels-*.json "$OUT/step_${model}_tp${tp}.json"
     echo "step $model TP $tp done after $(( $(date +%s) - t0 )) s"
   done
   echo "all done after $(( $(date +%s) - t0 )) s"

@@ -355,16 +355,23 @@ class ModelSpec:
     def fp8(self) -> bool:
         return self.weight_format == "fp8"
 
+    def linear_shapes(self, tp: int = 1) -> dict[str, tuple[int, int]]:
+        """One decoder layer's GEMM weights on one rank at TP degree `tp`, name -> (N output rows,
+        K inputs): qkv and gate_up split N (column-parallel), o and down split K (row-parallel)."""
+        s, hd, h = self.shard(tp), self.head_dim, self.hidden
+        return {"qkv": ((s.q_heads + 2 * s.kv_heads) * hd, h), "o": (h, s.q_heads * hd),
+                "gate_up": (2 * s.ffn, h), "down": (h, s.ffn)}
+
     def layer_weight_bytes(self, tp: int = 1) -> int:
         """Bytes of one decoder layer's weights on one rank (qkv, o, gate/up, down, 2 norms); fp8:
         the four GEMM weights at one byte each plus a float32 scale per output row; int4: half a
         byte each plus a float16 scale and zero point per group of `group_size` inputs."""
-        s = self.shard(tp)
-        qkv_rows = (s.q_heads + 2 * s.kv_heads) * self.head_dim
-        gemm = self.hidden * qkv_rows + s.q_heads * self.head_dim * self.hidden + 3 * self.hidden * s.ffn
+        shapes = self.linear_shapes(tp)
+        gemm = sum(n * k for n, k in shapes.values())
+        qkv_rows = shapes["qkv"][0]
         small = (qkv_rows if self.qkv_bias else 0) + 2 * self.hidden  # bias and norms: the model dtype
-        if self.fp8:
-            return gemm + 4 * (qkv_rows + self.hidden + 2 * s.ffn + self.hidden) + small * self.dtype_bytes
+        if self.fp8:  # a float32 scale per output row
+            return gemm + 4 * sum(n for n, _ in shapes.values()) + small * self.dtype_bytes
         if self.weight_format == "int4":
             return gemm // 2 + 4 * gemm // self.group_size + small * self.dtype_bytes
         return (gemm + small) * self.dtype_bytes

@@ -124,3 +124,24 @@ def test_fp8_weight_bytes_count_one_byte_per_gemm_weight():
             diff = native.num_layers * (gemm - scales) + lm_native - s.vocab * (native.hidden + 4)
             assert native.weight_bytes(tp) - fp8.weight_bytes(tp) == diff > 0
         assert fp8.param_count() == native.param_count()
+
+
+@pytest.mark.parametrize("name", ["Llama-3-70B", "Llama-3.2-1B", "Qwen2-72B", "Qwen2-1.5B"])
+def test_linear_shapes_shard_the_checkpoint_projections(name):
+    """`linear_shapes(tp)`: at TP 1 the fused qkv and gate_up are the checkpoint's projections
+    stacked; at every TP the column-parallel linears (qkv, gate_up) split N and the row-parallel
+    ones (o, down) K, the ranks together holding the whole model plus zero padding (ffn: less than
+    one input a rank)."""
+    from swiftspec.runtime.weights import _projection_shapes
+
+    spec = ModelSpec.from_config(name)
+    hf = _projection_shapes(spec)
+    q, k, v, o, gate, up, down = hf.values()
+    assert spec.linear_shapes(1) == {"qkv": (q[0] + k[0] + v[0], spec.hidden), "o": o,
+                                     "gate_up": (gate[0] + up[0], spec.hidden), "down": down}
+    for tp in range(1, 9):
+        s = spec.linear_shapes(tp)
+        assert s["qkv"][1] == s["gate_up"][1] == s["o"][0] == s["down"][0] == spec.hidden
+        assert s["o"][1] == spec.shard(tp).q_heads * spec.head_dim
+        assert s["gate_up"][0] == 2 * s["down"][1] and 0 <= tp * s["down"][1] - spec.ffn < tp
+        assert tp * s["qkv"][0] >= q[0] + k[0] + v[0]

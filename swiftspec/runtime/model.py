@@ -133,10 +133,7 @@ def _dequantized(w: torch.Tensor, quant: torch.Tensor | Int4Weight, dtype: torch
 def _check_int4_shapes(spec: ModelSpec, shard: Shard) -> None:
     """UserError unless every int4 GEMM weight of this shard packs: K a multiple of the group size
     (which keeps a row-parallel shard's groups the unsharded model's) and N of 8."""
-    hd = spec.head_dim
-    for name, n, k in (("qkv", (shard.q_heads + 2 * shard.kv_heads) * hd, spec.hidden),
-                       ("o", spec.hidden, shard.q_heads * hd), ("gate/up", 2 * shard.ffn, spec.hidden),
-                       ("down", spec.hidden, shard.ffn)):
+    for name, (n, k) in spec.linear_shapes(shard.tp).items():
         try:
             check_group(k, spec.group_size, f"{spec.name} {name} projection at TP {shard.tp}")
             if n % 8:
@@ -155,8 +152,7 @@ class Layer(nn.Module):
 
     def __init__(self, spec: ModelSpec, shard: Shard, device, dtype, weight_format: str = "native"):
         super().__init__()
-        hd, h = spec.head_dim, spec.hidden
-        qkv_rows = (shard.q_heads + 2 * shard.kv_heads) * hd
+        h, shapes = spec.hidden, spec.linear_shapes(shard.tp)
 
         def p(*shape, dt=dtype):
             return nn.Parameter(torch.zeros(*shape, device=device, dtype=dt), requires_grad=False)
@@ -167,11 +163,9 @@ class Layer(nn.Module):
             return p(n, k, dt=FP8 if weight_format == "fp8" else dtype)
 
         self.attn_norm, self.mlp_norm = p(h), p(h)
-        self.wqkv = gemm(qkv_rows, h)
-        self.bqkv = p(qkv_rows) if spec.qkv_bias else None
-        self.wo = gemm(h, shard.q_heads * hd)
-        self.w13 = gemm(2 * shard.ffn, h)
-        self.w2 = gemm(h, shard.ffn)
+        self.wqkv = gemm(*shapes["qkv"])
+        self.bqkv = p(shapes["qkv"][0]) if spec.qkv_bias else None
+        self.wo, self.w13, self.w2 = gemm(*shapes["o"]), gemm(*shapes["gate_up"]), gemm(*shapes["down"])
         # what the weight format needs beside each GEMM weight (`Transformer.set_gemm_weight`): fp8
         # its float32 scale per row, int4 its `Int4Weight`; None: weights in the model dtype
         self.wqkv_quant = self.wo_quant = self.w13_quant = self.w2_quant = None

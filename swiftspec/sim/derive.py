@@ -67,7 +67,7 @@ def row_work(op: str, spec: ModelSpec, tp: int, tokens: int, kv_len: float) -> t
     `kv_compact` moves (`tokens` = slots)."""
     s = spec.shard(tp)
     hd, h = spec.head_dim, spec.hidden
-    gemm = h * (s.q_heads + 2 * s.kv_heads) * hd + s.q_heads * hd * h + 3 * h * s.ffn  # per layer
+    gemm = sum(n * k for n, k in spec.linear_shapes(tp).values())  # weights per layer
     kv = kv_len * spec.kv_bytes_per_token(tp)
     layer_bytes = spec.num_layers * spec.layer_weight_bytes(tp) + kv
     layer_flops = spec.num_layers * (2 * tokens * gemm + 4 * tokens * kv_len * s.q_heads * hd)
