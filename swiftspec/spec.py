@@ -815,7 +815,14 @@ class Profile:
 
     @property
     def label(self) -> str:
-        """`derived` or `measured, <gpu>, <date>`: repeated in every output that uses it."""
+        """`derived` or `measured, <gpu>, <date>`: repeated in every output that uses it, with the
+        kernel settings whose rows this runtime no longer runs (meta.json `kernels_unlike_runtime`,
+        `kernel_config.kernel_mismatch`'s lines) named after it."""
+        unlike = list(self.meta.get("kernels_unlike_runtime") or [])
+        label = self._label()
+        return f"{label}; kernels unlike the runtime's: {', '.join(unlike)}" if unlike else label
+
+    def _label(self) -> str:
         src = self.meta.get("source", "measured")
         if src == "measured":
             label = f"measured, {self.meta.get('gpu', '?')}, {str(self.meta.get('date', '?'))[:10]}"

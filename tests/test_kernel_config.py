@@ -133,3 +133,17 @@ def test_bundled_profiles_match_the_runtime():
     for name, mismatch in want.items():
         meta = json.loads((PROFILES / name / "meta.json").read_text())
         assert kernel_mismatch(meta, "cuda") == mismatch, name
+
+
+def test_bundled_profiles_name_the_kernels_they_lack_in_their_label():
+    """A bundled profile whose rows were timed with kernels the runtime no longer runs says which
+    in its label (meta.json `kernels_unlike_runtime`), so every plan made from it shows it."""
+    from swiftspec.catalog import bundled_profiles
+    from swiftspec.spec import Profile
+
+    for name in bundled_profiles():
+        prof = Profile.load(PROFILES / name)
+        unlike = [m for m in kernel_mismatch(prof.meta, prof.meta.get("device", "cpu"))
+                  if not m.startswith("weight_format:")]
+        assert prof.meta.get("kernels_unlike_runtime", []) == unlike, name
+        assert ("kernels unlike the runtime's: " + ", ".join(unlike) in prof.label) == bool(unlike), name
