@@ -819,10 +819,12 @@ class Profile:
         kernel settings whose rows this runtime no longer runs (meta.json `kernels_unlike_runtime`,
         `kernel_config.kernel_mismatch`'s lines) named after it."""
         unlike = list(self.meta.get("kernels_unlike_runtime") or [])
-        label = self._label()
+        label = self.base_label
         return f"{label}; kernels unlike the runtime's: {', '.join(unlike)}" if unlike else label
 
-    def _label(self) -> str:
+    @property
+    def base_label(self) -> str:
+        """The label without the kernel settings (a derived profile keeps its source's)."""
         src = self.meta.get("source", "measured")
         if src == "measured":
             label = f"measured, {self.meta.get('gpu', '?')}, {str(self.meta.get('date', '?'))[:10]}"

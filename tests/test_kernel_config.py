@@ -139,6 +139,8 @@ def test_bundled_profiles_name_the_kernels_they_lack_in_their_label():
     """A bundled profile whose rows were timed with kernels the runtime no longer runs says which
     in its label (meta.json `kernels_unlike_runtime`), so every plan made from it shows it."""
     from swiftspec.catalog import bundled_profiles
+    from swiftspec.sim.derive import derive_profile, source_hardware_of
+    from swiftspec.sim.hardware import HardwareSpec
     from swiftspec.spec import Profile
 
     for name in bundled_profiles():
@@ -147,3 +149,8 @@ def test_bundled_profiles_name_the_kernels_they_lack_in_their_label():
                   if not m.startswith("weight_format:")]
         assert prof.meta.get("kernels_unlike_runtime", []) == unlike, name
         assert ("kernels unlike the runtime's: " + ", ".join(unlike) in prof.label) == bool(unlike), name
+    # a profile derived from one keeps the settings and says them once
+    src = Profile.load(PROFILES / "h100-int4")
+    got = derive_profile(src, HardwareSpec.load(source_hardware_of(src)), HardwareSpec.load("builtin:h200"), "src")
+    assert got.meta["kernels_unlike_runtime"] == src.meta["kernels_unlike_runtime"]
+    assert got.label.count("kernels unlike the runtime's") == 1

@@ -137,7 +137,7 @@ def derive_profile(source: Profile, src_hw: HardwareSpec, dst_hw: HardwareSpec, 
     new_meta = {k: v for k, v in meta.items() if k not in ("date", "command", "host", "driver", "memory_bytes")}
     new_meta.update(
         source="derived",
-        derived_from={"profile": source_ref, "label": source.label, "hardware": src_hw.to_dict()},
+        derived_from={"profile": source_ref, "label": source.base_label, "hardware": src_hw.to_dict()},
         hardware=dst_hw.to_dict(),
         gpu=dst_hw.name,
         graph_buckets=meta.get("device", "cuda") == "cuda" and meta.get("source") == "measured",

@@ -53,7 +53,7 @@ def derive_weight_format(source: Profile, weight_format: str, hw: HardwareSpec, 
     new_meta = {k: v for k, v in meta.items() if k not in ("date", "command", "host", "driver")}
     new_meta.update(
         source="derived", weight_format=weight_format,
-        derived_from={"profile": source_ref, "label": source.label, "hardware": hw.to_dict()},
+        derived_from={"profile": source_ref, "label": source.base_label, "hardware": hw.to_dict()},
         hardware=hw.to_dict(), gpu=hw.name,
         graph_buckets=meta.get("device", "cuda") == "cuda" and meta.get("source") == "measured",
         derived_rows={op: int((compute["op"] == op).sum()) for op in FORMAT_OPS},
