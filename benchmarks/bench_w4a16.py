@@ -26,6 +26,7 @@ Writes DIR/bench_w4a16.csv and DIR/bench_w4a16.json (run_metadata, copy bandwidt
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -95,7 +96,8 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     bw = copy_bandwidth(dev)
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
-    shapes = ModelSpec.from_config(args.model).linear_shapes(args.tp)
+    # the int4 shard: ffn padded to whole groups where TP does not divide it (`ModelSpec.shard`)
+    shapes = dataclasses.replace(ModelSpec.from_config(args.model), weight_format="int4").linear_shapes(args.tp)
     if set(args.layers.split(",")) - set(shapes):
         ap.error(f"--layers: choose from {','.join(shapes)}")
     rows_out = []

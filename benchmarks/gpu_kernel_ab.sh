@@ -27,8 +27,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/swiftspec-out}
 PY=${PY:-python3}
 ROWS=${ROWS:-1,16,32,64,128}
-SHARDS=${SHARDS:-Llama-3-70B:8,Llama-3-70B:4}
-STEPS=${STEPS:-Llama-3-70B:8,Llama-3.2-3B:2}
+SHARDS=${SHARDS:-Llama-3-70B:6,Llama-3.2-3B:2,Llama-3-70B:8}  # the int4 plan's target and draft
+STEPS=${STEPS:-Llama-3-70B:6,Llama-3.2-3B:2}
 REF=${REF:-}
 FUSED=triton+gemv+swiglu+rope  # the runtime's CUDA defaults but the folded norm (native only) and PDL
 W=$([ "${INT4:-1}" = 1 ] && echo +int4 || true)
