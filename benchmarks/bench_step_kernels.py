@@ -14,7 +14,8 @@ fusion "off" (eager ops), "compile" (torch.compile of RMSNorm / RoPE / silu*up) 
 kernel lets the next launch only after its main loop, "+pdlnp" early without the skinny linear's
 peeled first tile, "+pdlpf" early with the skinny linear's L2 prefetch of its first weight lines);
 "+kernelcombine" tree attention's in-kernel split merge; "+linearcombine" the skinny linear's
-split-K sum inside its launch (`KernelConfig.linear_combine`); "+wsN" (e.g. +ws128)
+split-K sum inside its launch (`KernelConfig.linear_combine`); "+splitnR" (e.g. +splitn24576)
+int4 linears split K only up to R output rows (`KernelConfig.linear_split_max_n`); "+wsN" (e.g. +ws128)
 tree attention of at least N rows (tokens x group) per KV head through the warp-specialized Gluon
 kernel; "+foldnorm" each add+RMSNorm inside the skinny linear after it (the norm weights are then
 folded into the GEMM weights before any mode runs, so every mode runs the same model); "+swiglu"
@@ -237,10 +238,11 @@ def mode_kernels(args, fusion: str) -> KernelConfig:
     fu, *extras = fusion.split("+")
     gemv_rows = next((int(e[4:]) for e in extras if e.startswith("gemv") and e[4:].isdigit()), None)
     ws_rows = next((int(e[2:]) for e in extras if e.startswith("ws") and e[2:].isdigit()), 0)
+    split_n = next((int(e[6:]) for e in extras if e.startswith("splitn") and e[6:].isdigit()), None)
     pdl = {"pdllate": "late", "pdlnp": "early-nopeel", "pdlpf": "prefetch", "pdl": "early"}
     return KernelConfig(
         attention=args.attention, attention_combine="kernel" if "kernelcombine" in extras else "separate",
-        linear_combine="kernel" if "linearcombine" in extras else "separate",
+        linear_combine="kernel" if "linearcombine" in extras else "separate", linear_split_max_n=split_n,
         attention_ws_rows=ws_rows if args.attention == "triton" else 0, fusion=fu,
         linear="triton" if "gemv" in extras or gemv_rows else "torch", linear_max_rows=gemv_rows,
         fold_norm="foldnorm" in extras, swiglu="swiglu" in extras, rope="rope" in extras,
@@ -436,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fusions", default="off,triton,triton+gemv",
                     help="comma list of off | compile | triton | triton+gemv (fusion triton, skinny linear on);"
                          " append +pdl for programmatic dependent launch (+pdllate: late mode, +pdlnp: early without the peeled tile, +pdlpf: early with the L2 prefetch), +kernelcombine (tree attention's"
-                         " in-kernel combine), +linearcombine (the skinny linear's split-K sum in its launch), +wsN (Gluon warp-specialized attention from N rows), +gemvN (skinny linear up to N"
+                         " in-kernel combine), +linearcombine (the skinny linear's split-K sum in its launch), +splitnR (int4 linears split K only up to R output rows), +wsN (Gluon warp-specialized attention from N rows), +gemvN (skinny linear up to N"
                          " tokens instead of 16), +foldnorm (add+RMSNorm inside the skinny linear), +swiglu (silu*up in the gate/up skinny linear), +rope (RoPE + KV write in the qkv one) and/or +fp8 / +int4 (weight-only fp8 / W4A16 GEMM weights), e.g. triton+gemv+fp8, triton+gemv64")
     ap.add_argument("--gemm-gemv-rows", type=int, default=MAX_ROWS,
                     help=f"GEMMs-alone table: the skinny linear too for up to this many tokens (default {MAX_ROWS},"

@@ -15,8 +15,10 @@
 #    rule of TP shards (`gemv.dot_config`);
 # 4. `bench_step_kernels.py --paired` over STEPS (model:tp pairs, one TP shard each, communication
 #    skipped): FUSIONS, int4 weights (+int4) when INT4=1 (default) else native, at 1 and 16 tokens
-#    (~40 s a shard). Default: PDL "late" against "prefetch" (the first weight lines asked of the L2
-#    before the wait), which matters where a linear's fixed start-up is a large part of its time.
+#    (~60 s a shard). Default: PDL "late" against "prefetch" (the first weight lines asked of the L2
+#    before the wait), which matters where a linear's fixed start-up is a large part of its time,
+#    and int4 K split up to 24576 output rows instead of 8192 (`KernelConfig.linear_split_max_n`:
+#    the 70B's TP 4-6 gate/up and TP 1 qkv then split too, 150-224 programs of 64 tiles today).
 #    The linear_combine A/B of `results/kernel_ab_h100`: SHARDS= STEPS=Llama-3-8B:1,Llama-3.2-3B:2,
 #    Llama-3-70B:8 FUSIONS=$F,$F+linearcombine,$F+int4,$F+int4+linearcombine, F=$FUSED+pdllate.
 # Writes $OUT/{ab.log, w4a16.json, w4a16_ref.json (with REF), w4a16_<model>_tp<tp>.json,
@@ -32,7 +34,7 @@ STEPS=${STEPS:-Llama-3-70B:6,Llama-3.2-3B:2}
 REF=${REF:-}
 FUSED=triton+gemv+swiglu+rope  # the runtime's CUDA defaults but the folded norm (native only) and PDL
 W=$([ "${INT4:-1}" = 1 ] && echo +int4 || true)
-FUSIONS=${FUSIONS:-$FUSED+pdllate$W+linearcombine,$FUSED+pdlpf$W+linearcombine}
+FUSIONS=${FUSIONS:-$FUSED+pdllate$W+linearcombine,$FUSED+pdlpf$W+linearcombine,$FUSED+pdllate$W+linearcombine+splitn24576}
 mkdir -p "$OUT"
 rm -rf /tmp/w4a16 /tmp/w4a16_* /tmp/step_*  # this script's scratch folders: one run's files each
 t0=$(date +%s)

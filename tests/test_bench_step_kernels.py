@@ -57,7 +57,8 @@ def test_fp8_mode_has_its_own_floor(make_checkpoint, tmp_path):
 
 def test_mode_suffixes_name_the_kernels():
     """Each suffix turns on its own choice and nothing else: "+linearcombine" the skinny linear's
-    split-K sum in its launch, "+kernelcombine" the attention's merge, "+int4" the weight format."""
+    split-K sum in its launch, "+kernelcombine" the attention's merge, "+int4" the weight format,
+    "+splitnR" the int4 split-K row limit."""
     args = bench_step_kernels.argparse.Namespace(attention="triton")
     base = bench_step_kernels.mode_kernels(args, "triton+gemv")
     assert (base.linear_combine, base.attention_combine, base.weight_format) == ("separate", "separate", "native")
@@ -65,6 +66,8 @@ def test_mode_suffixes_name_the_kernels():
         base, linear_combine="kernel")
     assert bench_step_kernels.mode_kernels(args, "triton+gemv+kernelcombine+int4") == dataclasses.replace(
         base, attention_combine="kernel", weight_format="int4")
+    assert bench_step_kernels.mode_kernels(args, "triton+gemv+int4+splitn24576") == dataclasses.replace(
+        base, weight_format="int4", linear_split_max_n=24576)
 
 
 def test_gemv_rows_suffix_and_gemm_table(make_checkpoint, tmp_path):

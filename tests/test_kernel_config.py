@@ -87,6 +87,7 @@ def test_resolve_gives_the_kernels_of_before(row):
     ({"weight_format": "int3"}, "weight_format must be one of native, fp8, int4"),
     ({"attention_combine": "atomic"}, "attention_combine must be one of separate, kernel"),
     ({"linear_combine": "atomic"}, "linear_combine must be one of separate, kernel"),
+    ({"linear_split_max_n": 0}, "linear_split_max_n must be a positive row count"),
     ({"fold_norm": True, "linear": "torch"}, "fold_norm needs linear 'triton'"),
     ({"swiglu": True, "rope": True, "linear": "torch"}, "swiglu, rope need linear 'triton'"),
     ({"fold_norm": True, "weight_format": "fp8"}, "fold_norm needs native weights"),

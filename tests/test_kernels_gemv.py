@@ -416,6 +416,25 @@ def test_native_split_k_rule_and_default_launch():
     assert not torch.equal(got, one)  # a split launch really ran: another summation order
 
 
+def test_int4_split_k_rule_and_its_row_limit():
+    """int4 weights split K so a program streams ~8 tiles (at most 8 ways) at <= 16 rows and 4 ways
+    from 32 rows, only up to `INT4_SPLIT_MAX_N` output rows, or `GemvLaunch.int4_split_max_n`'s:
+    the Llama-3-8B's measured choices (qkv and o 4, down 8, gate/up unsplit) hold under both limits
+    below its gate/up's 28672 rows, and a higher limit splits the 70B TP 6 gate/up (9728 rows)."""
+    from swiftspec.kernels.gemv import INT4_SPLIT_MAX_N, dot_config
+
+    def split(m, n, k, most=None):
+        return dot_config(m, n, k, 0.5, 2, int4=True, launch=GemvLaunch(int4_split_max_n=most)).split_k
+
+    assert INT4_SPLIT_MAX_N == 8192
+    for most in (None, 24576):
+        assert [split(1, n, k, most) for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))] == [4, 4, 1, 8]
+        assert split(32, 4096, 4096, most) == 4 and split(1, 1280, 1024, most) == 1  # more rows; short K
+    assert split(1, 9728, 8192) == 1 and split(1, 9728, 8192, 24576) == 8
+    assert split(32, 9728, 8192) == 1 and split(32, 9728, 8192, 24576) == 4
+    assert split(16, 9728, 8192, 9727) == 1 and split(16, 9728, 8192, 9728) == 8  # the limit is inclusive
+
+
 @pytest.mark.parametrize("m,n,k", [(3, 40, 200), (40, 33, 130)])
 def test_gemv_fp8_x_converted_once_is_bit_identical(m, n, k):
     """x_f16 (x to float16 before the launch) gives the in-kernel conversion's result bit for bit,

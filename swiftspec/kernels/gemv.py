@@ -48,6 +48,9 @@ PREFETCH_BYTES = 16 << 20
 PREFETCH_ROW_LINES = 32
 INT4_TILE_ROWS = 128  # int4 rows per launch: a 256-row tile spills registers (sm_90)
 MAX_ROWS_INT4 = MAX_ROWS_DOT  # int4 weights: every forward up to a prefill chunk (no int4 GEMM in torch)
+# int4 linears split K only where N <= this (Llama-3-8B's shapes on the H100, docs/decisions.md: its
+# gate/up, 28672 rows, runs fastest unsplit, qkv and o, 4096-6144 rows, split 4, down split 8)
+INT4_SPLIT_MAX_N = 8192
 COMBINES = ("separate", "kernel")  # how split-K partials are summed (`GemvLaunch.combine`)
 
 
@@ -563,7 +566,8 @@ class GemvLaunch:
     where the x tile outgrows the weight tile (not measured, so off by default). int4_x_ahead (int4
     weights): gather the next tile's x while this tile's MMA runs, so the gather's L2 latency is
     not paid once per tile; None: `int4_x_ahead_on` (on up to 64 rows, measured faster on the
-    H100, docs/decisions.md). combine: how split-K partials are summed, "separate" (a second launch,
+    H100, docs/decisions.md). int4_split_max_n (int4 weights): split K only where N is at most
+    this (None: `INT4_SPLIT_MAX_N`). combine: how split-K partials are summed, "separate" (a second launch,
     `_split_sum_kernel`) or "kernel" (the last split of each column block to finish, one launch);
     workspace: its counters, shared by the launches of one stream (`kernels.counters`; None: each
     split launch zeroes fresh ones, one memset)."""
@@ -575,6 +579,7 @@ class GemvLaunch:
     split_k: int | None = None
     x_f16: bool = False
     int4_x_ahead: bool | None = None
+    int4_split_max_n: int | None = None
     combine: str = "separate"
     workspace: CounterWorkspace | None = None
 
@@ -613,13 +618,14 @@ def dot_config(m: int, n: int, k: int, w_bytes: float, x_bytes: int, *, fp8: boo
     bm = max(16, triton.next_power_of_2(m))
     if int4:
         # the H100's best (benchmarks/results/int4_h100): at 1-16 rows 64 weight rows over 4 warps, K
-        # split so a program streams ~8 tiles where N <= 8192 (4 ways at K 4096, 8 at 14336; small
-        # kernels need many programs in flight); from 32 rows 128 over 8 warps (fewer x reloads), K
-        # split 4 where N <= 8192; 128-wide K steps: one group of the usual 128 (scale once per tile)
+        # split so a program streams ~8 tiles where N <= INT4_SPLIT_MAX_N (4 ways at K 4096, 8 at
+        # 14336; small kernels need many programs in flight); from 32 rows 128 over 8 warps (fewer x
+        # reloads), K split 4 there; 128-wide K steps: one group of the usual 128 (scale once per tile)
         small = bm <= 16
         bn, bk = block_n or (64 if small else 128), block_k or 128
         num_warps = num_warps or (4 if small else 8)
-        split_k = split_k or (1 if n > 8192 else min(8, max(1, k // 1024)) if small else 4)
+        wide = n > (lc.int4_split_max_n or INT4_SPLIT_MAX_N)
+        split_k = split_k or (1 if wide else min(8, max(1, k // 1024)) if small else 4)
     elif fp8:
         # the H200's best at 1-256 rows (docs/decisions.md): at 1-16 rows and N <= 8192 (qkv, o,
         # down) 64 weight rows per program, 4 warps, 4 stages, else 128, 8 warps, 3 stages; K in

@@ -51,7 +51,8 @@ class KernelConfig:
     linear: GEMMs by `F.linear` ("torch") or the skinny linear ("triton", forwards of at most
     `linear_max_rows` tokens; None: `kernels.gemv.MAX_ROWS`), whose split-K partials are summed by
     `linear_combine` ("separate": a second launch; "kernel": inside the linear's launch, by the
-    last split of each column block to finish; the same result bit for bit). fold_norm, swiglu, rope: the
+    last split of each column block to finish; the same result bit for bit); int4 linears split K
+    only where N is at most `linear_split_max_n` (None: `gemv.INT4_SPLIT_MAX_N`). fold_norm, swiglu, rope: the
     skinny linear's epilogues (RMSNorm folded into the weights; silu(gate)*up; RoPE + KV write).
     pdl: programmatic dependent launch of the Triton kernels ("early", "late", "early-nopeel",
     "prefetch", "off"; sm_90+; `kernels.pdl`).
@@ -68,6 +69,7 @@ class KernelConfig:
     linear: str = "torch"
     linear_max_rows: int | None = None
     linear_combine: str = "separate"
+    linear_split_max_n: int | None = None
     fold_norm: bool = False
     swiglu: bool = False
     rope: bool = False
@@ -83,6 +85,8 @@ class KernelConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise UserError(f"kernel setting {name} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.linear_split_max_n is not None and self.linear_split_max_n < 1:
+            raise UserError(f"linear_split_max_n must be a positive row count, got {self.linear_split_max_n}")
         needs_linear = [n for n in ("fold_norm", "swiglu", "rope") if getattr(self, n)]
         if needs_linear and self.linear != "triton":
             verb = "needs" if len(needs_linear) == 1 else "need"

@@ -256,7 +256,8 @@ class Transformer(nn.Module):
         Where the skinny linear runs, its epilogues save a launch each: fold_norm the residual add + RMSNorm before the qkv, gate/up and LM-head GEMMs (once
         `fold_norms` has folded the norm weights into them), swiglu silu(gate) * up after gate/up,
         rope RoPE + the KV-cache write after qkv. linear_combine "kernel": split-K partials summed
-        inside the linear's launch, its counters in the model's workspace (`kernels.counters`)."""
+        inside the linear's launch, its counters in the model's workspace (`kernels.counters`);
+        linear_split_max_n: the int4 linears' split-K rule (`GemvLaunch.int4_split_max_n`)."""
         self._gemv, self._gemv_rows, self._gemv_quant_rows = None, 0, 0
         if kernels.linear == "triton":
             rows = MAX_ROWS if kernels.linear_max_rows is None else kernels.linear_max_rows
@@ -264,10 +265,12 @@ class Transformer(nn.Module):
                 raise UserError(f"linear_max_rows must be in 1..{MAX_ROWS_DOT}, got {rows}")
             quant_rows = MAX_ROWS_INT4 if kernels.weight_format == "int4" else MAX_ROWS_FP8
             run = gemv
-            if kernels.linear_combine == "kernel":
-                if self._workspace is None:  # one set of counters for every counting launch of the model
-                    self._workspace = CounterWorkspace(self.device)
-                run = functools.partial(gemv, launch=GemvLaunch(combine="kernel", workspace=self._workspace))
+            if kernels.linear_combine == "kernel" and self._workspace is None:
+                self._workspace = CounterWorkspace(self.device)  # one set of counters for every counting launch
+            launch = GemvLaunch(combine=kernels.linear_combine, int4_split_max_n=kernels.linear_split_max_n,
+                                workspace=self._workspace if kernels.linear_combine == "kernel" else None)
+            if launch != GemvLaunch():
+                run = functools.partial(gemv, launch=launch)
             self._gemv, self._gemv_rows, self._gemv_quant_rows = run, rows, quant_rows
 
     def fold_norms(self) -> None:
