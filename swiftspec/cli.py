@@ -112,7 +112,7 @@ def _plan_table_text(table, top: int) -> str:
     t["split"] = [f"{d}/{g}" if m == "async" else f"{g} shared" if m != "autoregressive" else f"-/{g}"
                   for m, d, g in zip(t["mode"], t["draft_gpus"], t["target_gpus"])]
     t = t[list(_PLAN_COLUMNS)].rename(columns=_PLAN_COLUMNS)
-    return t.to_string(index=False, float_format=lambda x: f"{x:.2f}")
+    return t.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-")  # "-": no such baseline
 
 
 def _progress(as_json: bool):
@@ -205,7 +205,10 @@ def plan(gpus, target, draft, profile_dir, hardware, acceptance, modes, draft_gp
     click.echo("")
     click.echo(_plan_table_text(res.table, top))
     click.echo("")
-    click.echo("speedups over: " + ", ".join(f"{m} = {lbl}" for m, lbl in res.baselines.items()))
+    missing = [m.value for m in (Mode.autoregressive, Mode.serial) if m.value not in res.baselines]
+    click.echo("speedups over: " + ", ".join([f"{m} = {lbl}" for m, lbl in res.baselines.items()]
+                                             + [f"{m} = none (no {m} configuration on {gpus} GPUs fits both memory and the profile)"
+                                                for m in missing]))
     split = (f"draft {win.split.draft_tp} / target {win.split.target_tp} GPUs" if win.mode is Mode.async_
              else f"{win.split.target_tp} GPUs")
     click.echo(f"winner: {win.mode.value}, {split}, {win.policy.key}: {pred.tokens_per_s_mean:.1f} tok/s "

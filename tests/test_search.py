@@ -89,6 +89,11 @@ def test_missing_profile_rows_are_named():
     # in a wider search the configurations the profile cannot time are skipped, the rest ranked
     res = search(inputs(profile=prof), SearchSpace(gpus=2, bs=4, w=2), WL)
     assert set(res.table["mode"]) == {"autoregressive", "async"} and res.skipped_profile
+    # where none is covered, the one line says what the profile has of each model
+    prof.compute = prof.compute[prof.compute["model"] != "drf"]
+    with pytest.raises(ExtrapolationError, match=r"none of the \d+ configurations on 2 GPU\(s\) is covered by the "
+                                                 r"profile \(it has tgt at TP 1, 2(, \d+)* and no rows for drf\)"):
+        search(inputs(profile=prof), SearchSpace(gpus=2, modes=(Mode.serial, Mode.async_), bs=4, w=2), WL)
 
 
 def test_bad_space():

@@ -141,9 +141,13 @@ class LatencyModel:
         self._memo[key] = ms
         return ms
 
+    def profiled_tps(self, model: str, op: str = "layers") -> list[int]:
+        """The TP degrees at which the profile has `op` rows for `model` (a model's name)."""
+        return sorted(t for (o, m, t) in self._compute if o == op and m == model)
+
     def _missing_tp(self, op: str, model: str, tp: int, tokens: int, kv_len: float, notes: list[str]) -> float:
         """No rows at this tp: an error, or (allowed) linear in tp between the nearest profiled tps."""
-        tps = sorted(t for (o, m, t) in self._compute if o == op and m == model)
+        tps = self.profiled_tps(model, op)
         if not tps or not self.allow_extrapolation:
             have = f" (profiled tp: {', '.join(map(str, tps))})" if tps else ""
             raise ExtrapolationError(

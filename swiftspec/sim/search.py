@@ -449,8 +449,13 @@ class Planner:
             )
         if self.skipped:
             first = next(iter(self.skipped.values()))
-            raise ExtrapolationError(first if len(self.skipped) == 1 else
-                                     f"{first} (and {len(self.skipped) - 1} more configurations)")
+            if len(self.skipped) == 1:
+                raise ExtrapolationError(first)
+            models = dict.fromkeys(m.name for m in (self.inputs.target, self.inputs.draft) if m is not None)
+            have = " and ".join(f"{m} at TP {', '.join(map(str, tps))}" if (tps := self.lat.profiled_tps(m))
+                                else f"no rows for {m}" for m in models)
+            raise ExtrapolationError(f"none of the {len(self.skipped)} configurations on {self.space.gpus} GPU(s) "
+                                     f"is covered by the profile (it has {have}): {first}")
         raise UserError("no configuration to simulate: relax the pinned options (--modes, --bs, --w, --d)")
 
     def plan_for(self, c: Candidate, res: SimResult) -> Plan:
