@@ -1088,7 +1088,9 @@ class Plan:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, enums, tuples and numpy scalars -> plain JSON types."""
+    """Dataclasses, enums, tuples and numpy scalars -> plain JSON types; a NaN or infinite float
+    (a number that does not exist, e.g. a speedup without its baseline) -> None, so the output is
+    strict JSON (`null`) that every parser reads."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return to_jsonable(obj.to_dict() if hasattr(obj, "to_dict") else dataclasses.asdict(obj))
     if isinstance(obj, enum.Enum):
@@ -1098,5 +1100,7 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(v) for v in obj]
     if hasattr(obj, "item") and callable(obj.item):
-        return obj.item()
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     return obj

@@ -95,6 +95,7 @@ from swiftspec.spec import (
     parse_json,
     read_text,
     require,
+    to_jsonable,
 )
 
 REPORT_COLUMNS = (
@@ -330,7 +331,7 @@ class ValidationReport:
                "rows": json.loads(self.rows.to_json(orient="records"))}
         with atomic_dir(folder) as tmp:
             self.rows.to_csv(tmp / "report.csv", index=False)
-            (tmp / "report.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+            (tmp / "report.json").write_text(json.dumps(to_jsonable(doc), indent=2, default=str) + "\n")
             if "host_rows" in self.meta:
                 pd.DataFrame(self.meta["host_rows"]).to_csv(tmp / "host.csv", index=False)
         return folder

@@ -74,13 +74,22 @@ def test_default_pair_fully_pinned(tmp_path, swiftspec_cli):
 def test_plan_without_a_baseline_says_so(swiftspec_cli):
     """Where no autoregressive or serial configuration on the GPUs can be simulated (the int4
     profile has the 8B and 1B at TP 1 only), the speedup columns show "-" and the speedups line
-    says why, instead of NaN and an empty list."""
+    says why, instead of NaN and an empty list; --json has null there (strict JSON)."""
     code, out, err = swiftspec_cli("plan", "--gpus", "2", "--profile", "builtin:h100-int4", "--target",
                                    "Llama-3-8B", "--draft", "Llama-3.2-1B", "--modes", "async", *QUICK)
     assert code == 0, err
     table = out.split("x serial", 1)[1].split("speedups over", 1)[0]
     assert "NaN" not in out and table.split()[-2:] == ["-", "-"]
     assert "autoregressive = none (no autoregressive configuration on 2 GPUs" in out and "serial = none" in out
+    code, out, err = swiftspec_cli("plan", "--gpus", "2", "--profile", "builtin:h100-int4", "--target",
+                                   "Llama-3-8B", "--draft", "Llama-3.2-1B", "--modes", "async", "--json", *QUICK)
+    assert code == 0, err
+
+    def strict(word):
+        raise ValueError(f"not JSON: {word}")
+
+    rows = json.loads(out, parse_constant=strict)["rows"]  # no NaN: null where a speedup has no baseline
+    assert rows[0]["speedup_vs_autoregressive"] is None and rows[0]["tokens_per_s_mean"] > 0
 
 
 def bad(swiftspec_cli, tmp_path, *args) -> str:

@@ -45,6 +45,7 @@ from swiftspec.spec import (
     parse_json,
     read_text,
     require,
+    to_jsonable,
 )
 
 
@@ -136,7 +137,7 @@ class RunLog:
         with atomic_dir(folder) as tmp:
             self.iterations.to_json(tmp / "iterations.jsonl", orient="records", lines=True)
             self.prompts.to_json(tmp / "prompts.jsonl", orient="records", lines=True)
-            (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+            (tmp / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=2, default=str) + "\n")
         return folder
 
     @classmethod
