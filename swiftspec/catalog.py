@@ -100,7 +100,8 @@ def _tp_ranges(tps: list[int]) -> str:
 
 
 def profile_row(name: str) -> dict:
-    """What one bundled profile covers: device, GPU, weight format, source, models by TP degree."""
+    """What one bundled profile covers: device, GPU, weight format, source, models by TP degree, and
+    the kernel settings its rows were timed with that the runtime no longer runs (`Profile.label`)."""
     folder = _data("profiles") / name
     meta = json.loads((folder / "meta.json").read_text())
     compute = pd.read_csv(folder / "compute.csv", usecols=["op", "model", "tp"])
@@ -116,7 +117,8 @@ def profile_row(name: str) -> dict:
     return {"name": f"{PREFIX}{name}", "source": str(meta.get("source", "measured")),
             "device": str(meta.get("device", "cuda")), "gpu": str(meta.get("gpu", "?")),
             "weight_format": str(meta.get("weight_format", "native")), "dtype": str(meta.get("dtype", "bfloat16")),
-            "models": len(covers), "covers": {tp: models for tp, models in by_tp.items()}}
+            "models": len(covers), "covers": {tp: models for tp, models in by_tp.items()},
+            "kernels_unlike_runtime": [str(k) for k in meta.get("kernels_unlike_runtime") or []]}
 
 
 def profiles_table() -> pd.DataFrame:
@@ -153,8 +155,9 @@ def catalog_text() -> str:
     prof = profiles_table()
     prof_lines = []
     for r in prof.itertuples():
+        unlike = f"; kernels unlike the runtime's: {', '.join(r.kernels_unlike_runtime)}" if r.kernels_unlike_runtime else ""
         prof_lines.append(f"{r.name}  {r.source}, {r.gpu} ({r.device}), {r.dtype}, {r.weight_format} weights, "
-                          f"{r.models} models")
+                          f"{r.models} models{unlike}")
         for tp, names in r.covers.items():
             prof_lines.append(f"    TP {tp}: {', '.join(names)}")
     acc = acceptance_table()

@@ -21,6 +21,8 @@ def test_list_table_names_everything_bundled(swiftspec_cli):
         assert f"builtin:{name}" in out
     assert "TP 2,4,6,8: Llama-3-70B" in out  # what the measured profile covers, by TP degree
     assert "0.7" in out and "synthetic" in out and "derived" in out
+    int4 = next(line for line in out.splitlines() if line.startswith("builtin:h100-int4 "))
+    assert int4.endswith("; kernels unlike the runtime's: linear_combine: profile separate, runtime kernel")
 
 
 def test_list_json_is_the_library_catalog(swiftspec_cli):
@@ -33,6 +35,8 @@ def test_list_json_is_the_library_catalog(swiftspec_cli):
     profiles = {p["name"]: p for p in got["profiles"]}
     assert profiles["builtin:h200-fp8"]["weight_format"] == "fp8"
     assert profiles["builtin:h200-derived"]["source"] == "derived"
+    assert profiles["builtin:h200-derived"]["kernels_unlike_runtime"] == []
+    assert profiles["builtin:h100-int4"]["kernels_unlike_runtime"] == ["linear_combine: profile separate, runtime kernel"]
     assert "Llama-3-70B" in profiles["builtin:h200-measured"]["covers"]["2,4,6,8"]
     acc = {a["name"]: a for a in got["acceptance"]}
     assert acc["builtin:qwen2-72b-table7"]["source"] == "synthetic"
