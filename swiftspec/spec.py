@@ -757,9 +757,9 @@ def _check_profile_meta(meta: Any, file: str) -> None:
             check_str(meta[k], file, k)
     if meta.get("memory_bytes") is not None:
         check_number(meta["memory_bytes"], file, "memory_bytes", lo=0)
-    if meta.get("unmeasured") is not None and not (
-            isinstance(meta["unmeasured"], list) and all(isinstance(u, str) for u in meta["unmeasured"])):
-        raise UserError(f"{file}: unmeasured must be a list of strings, got {_show(meta['unmeasured'])}")
+    for k in ("unmeasured", "kernels_unlike_runtime"):  # both named in the profile's label
+        if meta.get(k) is not None and not (isinstance(meta[k], list) and all(isinstance(u, str) for u in meta[k])):
+            raise UserError(f"{file}: {k} must be a list of strings, got {_show(meta[k])}")
 
 
 def _read_csv(path: Path, what: str) -> pd.DataFrame:

@@ -181,6 +181,9 @@ CASES = {
     "profile-meta-not-object": (plan_with_profile(_write("meta.json", "[1, 2]")), "meta.json is malformed"),
     "profile-meta-wrong-type": (plan_with_profile(_write("meta.json", '{"source": "measured", "memory_bytes": "lots"}')),
                                 "memory_bytes must be a finite number"),
+    "profile-meta-caveats-not-a-list": (
+        plan_with_profile(_write("meta.json", '{"source": "measured", "kernels_unlike_runtime": "linear_combine"}')),
+        "kernels_unlike_runtime must be a list of strings"),
     "acceptance-wrong-type": (plan_with_acceptance({"positional": "0.5, 0.2"}), "positional must be a list"),
     "acceptance-infinite-value": (plan_with_acceptance({"accepted": {"serial/bs8": float("inf")}}),
                                   "accepted.* must be a finite number"),
