@@ -413,8 +413,9 @@ class DeviceLoop:
 
         # target: the accepted path's KV into the prefix (fixed size: padding moves scratch)
         live = ~self.done
-        src = torch.where(on_path, tp + path_rows.clamp(max=bs - 1), t.scratch)
-        t.move(src, torch.where(on_path, tp + ar, t.scratch))
+        if plan is not None:  # autoregressive: the one row was written where it stays (src = dst)
+            src = torch.where(on_path, tp + path_rows.clamp(max=bs - 1), t.scratch)
+            t.move(src, torch.where(on_path, tp + ar, t.scratch))
         t.prefix += k * live
 
         # the produced tokens: the path's drafted tokens, then the bonus
@@ -596,7 +597,8 @@ class DeviceLoop:
             BS=bs, BS_P2=ts.p2(bs), SYNTH=cfg.verify == "synthetic", DRAFT=d is not None,
             NEOS=0 if self.eos is None else len(cfg.eos_ids), NFWD=nfwd, FWD_P2=ts.p2(2 * nfwd), CAND_P2=ts.p2(cand),
             BLOCK_R=128)  # fmt: skip
-        t.move(v["t_move"][0], v["t_move"][1])
+        if plan is not None:  # autoregressive: the one row was written where it stays (src = dst)
+            t.move(v["t_move"][0], v["t_move"][1])
         if d is not None:
             d.move(v["d_move"][0], v["d_move"][1])
 
